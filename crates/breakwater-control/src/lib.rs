@@ -1,0 +1,1 @@
+//! Pure control logic (placeholder).

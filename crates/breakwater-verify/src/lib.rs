@@ -1,0 +1,1 @@
+//! Webhook signature verification (placeholder).
