@@ -1,0 +1,615 @@
+//! The breaker: a state machine that turns signals into a gate.
+//!
+//! # States
+//!
+//! ```text
+//!            trip (any signal)                cool-down elapsed
+//!  CLOSED ───────────────────────▶ OPEN ─────────────────────────▶ HALF_OPEN
+//!    ▲                              ▲  ▲                               │
+//!    │ last step held               │  └── probe failed / timed out ───┤
+//!    │                              │      or a signal trips           │
+//!  RAMPING ── trip (any signal) ────┘                                  │
+//!    ▲  └─ step held ─▶ next step                                      │
+//!    └─────────────── M consecutive probe successes ───────────────────┘
+//! ```
+//!
+//! | state | gate | leaves on |
+//! |---|---|---|
+//! | `Closed` | poll, limit = `max_concurrency` | any enabled signal trips |
+//! | `Open` | no poll, limit 0 | cool-down elapsed (checked by `evaluate`) |
+//! | `HalfOpen` | poll only with a probe slot, limit = `max_probes` | M successes; a dependency failure; a probe unanswered past `probe_timeout_ms`; a signal trips |
+//! | `Ramping` | poll, limit = step × max | step held `hold_ms` (next step, or closed after the last); a signal trips |
+//!
+//! # Cool-down
+//!
+//! The n-th opening since the last full close (n from 0) waits
+//! `min(cap, base * 2^n)` minus up to `jitter` of it (see [`crate::ramp`]).
+//! So a failure in half-open or in the ramp re-opens with a longer cool-down;
+//! reaching `Closed` (the ramp completed, or forced) resets n to 0.
+//!
+//! # Who calls what
+//!
+//! - The controller tick calls [`Breaker::evaluate`] every 100–250 ms: it
+//!   judges the signals, ends cool-downs, times out probes, advances the ramp
+//!   and expires manual overrides. At most one transition per call.
+//! - Workers report each finished call with [`Breaker::record_outcome`]:
+//!   O(1), and it never trips by itself in closed or ramping (the next tick
+//!   does, so detection waits at most one tick, and recording stays cheap and
+//!   predictable under a failure storm).
+//! - In half-open, a worker first wins a slot with
+//!   [`Breaker::try_admit_probe`], then reports with
+//!   [`Breaker::record_probe_outcome`]: probe results act at once (a failure
+//!   re-opens, the M-th success starts the ramp).
+//! - Workers read the gate lock-free from [`Breaker::shared_gate`]; the
+//!   breaker republishes it on every change.
+//!
+//! # Signals per state
+//!
+//! All enabled signals are judged in closed, ramping and half-open; the
+//! in-flight/throughput signal only when fully closed (throttled throughput is
+//! not a collapse). Entering half-open and entering the ramp clear the outcome
+//! and DLQ windows, so the evidence that opened the breaker cannot re-open it.
+//! When several signals trip at once, the reason names the first in the order
+//! of [`crate::SignalKind`]; `status` shows them all.
+//!
+//! # Manual override and dry run
+//!
+//! [`Breaker::force_open`] / [`Breaker::force_closed`] set the state and
+//! suspend automatic transitions (signals are still read and reported) until
+//! the TTL passes or [`Breaker::clear_override`]. Forced open resumes in
+//! half-open (the hold served as the cool-down); forced closed resumes in
+//! closed. In dry-run mode (`dry_run = true`) the breaker runs the same state
+//! machine and records the same transitions, flagged `dry_run`, but the
+//! published gate always allows full concurrency; outcomes reported while the
+//! shadow state is half-open count as probes. Manual overrides are enforced
+//! even in dry-run mode: an operator's explicit order wins.
+//!
+//! # Invariants (checked by the property tests)
+//!
+//! - The published gate never allows polling while the state is `Open`
+//!   (outside dry-run mode).
+//! - At most `max_probes` probes are outstanding in a half-open period.
+//! - The limit never exceeds `max_concurrency` and only grows through a ramp
+//!   step, the end of the ramp, or a manual override.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use crate::config::{BreakerConfig, ConfigError};
+use crate::gate::{GateSnapshot, SharedGate};
+use crate::probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};
+use crate::ramp;
+use crate::reason::{Reason, State, Transition};
+use crate::signals::db_locks::DbLockSignal;
+use crate::signals::heartbeats::{Heartbeat, LockWaitSignal};
+use crate::signals::outcomes::{Outcome, OutcomeClass, OutcomeSignals};
+use crate::signals::queue::{QueueSample, QueueSignals};
+use crate::signals::{Reading, SignalKind};
+use crate::status::{
+    BreakerStatus, CoolDownStatus, HalfOpenStatus, OverrideKind, OverrideStatus, RampStatus,
+    SignalStatus, TransitionRecord,
+};
+use crate::window::millis_since;
+
+#[derive(Debug, Clone)]
+struct Override {
+    kind: OverrideKind,
+    note: String,
+    until: Option<Instant>,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The circuit breaker; see the module docs for the state machine.
+///
+/// Not thread-safe by itself: the service keeps it behind a mutex and lets
+/// workers read [`Breaker::shared_gate`] without locking.
+#[derive(Debug)]
+pub struct Breaker<A: ProbeAdmission = LocalProbeAdmission> {
+    cfg: BreakerConfig,
+    origin: Instant,
+    state: State,
+    since: Instant,
+    ramp_step: usize,
+    cool_down: Duration,
+    opens_since_close: u32,
+    period: u64,
+    successes: u32,
+    admission: A,
+    outcomes: OutcomeSignals,
+    queue: QueueSignals,
+    lock_wait: LockWaitSignal,
+    db_locks: DbLockSignal,
+    manual: Option<Override>,
+    history: VecDeque<Transition>,
+    rng: SmallRng,
+    shared: Arc<SharedGate>,
+    published: GateSnapshot,
+}
+
+impl Breaker<LocalProbeAdmission> {
+    /// A closed breaker with local probe admission and an OS-seeded RNG for
+    /// the cool-down jitter.
+    pub fn new(config: BreakerConfig, now: Instant) -> Result<Self, ConfigError> {
+        Self::build(config, LocalProbeAdmission::new(), SmallRng::from_os_rng(), now)
+    }
+
+    /// Like [`Breaker::new`] with a fixed RNG seed (reproducible tests).
+    pub fn with_seed(config: BreakerConfig, seed: u64, now: Instant) -> Result<Self, ConfigError> {
+        Self::with_admission(config, LocalProbeAdmission::new(), seed, now)
+    }
+}
+
+impl<A: ProbeAdmission> Breaker<A> {
+    /// A closed breaker with the given probe admission (e.g. fleet-wide).
+    pub fn with_admission(
+        config: BreakerConfig,
+        admission: A,
+        seed: u64,
+        now: Instant,
+    ) -> Result<Self, ConfigError> {
+        Self::build(config, admission, SmallRng::seed_from_u64(seed), now)
+    }
+
+    fn build(
+        config: BreakerConfig,
+        admission: A,
+        rng: SmallRng,
+        now: Instant,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let initial = GateSnapshot::closed(config.max_concurrency);
+        Ok(Self {
+            outcomes: OutcomeSignals::new(&config.failure_ratio, &config.slow_calls),
+            queue: QueueSignals::new(&config.dlq, &config.in_flight),
+            lock_wait: LockWaitSignal::new(&config.lock_wait),
+            db_locks: DbLockSignal::new(&config.db_lock_waiters),
+            history: VecDeque::with_capacity(config.history_len),
+            cfg: config,
+            origin: now,
+            state: State::Closed,
+            since: now,
+            ramp_step: 0,
+            cool_down: Duration::ZERO,
+            opens_since_close: 0,
+            period: 0,
+            successes: 0,
+            admission,
+            manual: None,
+            rng,
+            shared: Arc::new(SharedGate::new(initial)),
+            published: initial,
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.cfg
+    }
+
+    /// The breaker's own state (the shadow state in dry-run mode).
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// The breaker's own concurrency limit for its state.
+    pub fn limit(&self) -> u32 {
+        let max = self.cfg.max_concurrency;
+        match self.state {
+            State::Closed => max,
+            State::Open => 0,
+            State::HalfOpen => self.cfg.half_open.max_probes.min(max),
+            State::Ramping => self
+                .cfg
+                .ramp
+                .steps
+                .get(self.ramp_step)
+                .map_or(max, |f| ramp::step_limit(max, *f)),
+        }
+    }
+
+    /// What workers are told now (the last published snapshot).
+    pub fn gate(&self) -> GateSnapshot {
+        self.published
+    }
+
+    /// The lock-free gate to hand to workers.
+    pub fn shared_gate(&self) -> Arc<SharedGate> {
+        Arc::clone(&self.shared)
+    }
+
+    /// The latest transitions, oldest first.
+    pub fn history(&self) -> impl ExactSizeIterator<Item = &Transition> {
+        self.history.iter()
+    }
+
+    /// Probes outstanding in the current half-open period.
+    pub fn outstanding_probes(&self) -> u32 {
+        if self.state == State::HalfOpen {
+            self.admission.outstanding(self.period)
+        } else {
+            0
+        }
+    }
+
+    fn ms(&self, now: Instant) -> u64 {
+        millis_since(self.origin, now)
+    }
+
+    fn enforcing(&self) -> bool {
+        !self.cfg.dry_run || self.manual.is_some()
+    }
+
+    // ---- inputs -------------------------------------------------------
+
+    /// Records a finished call. O(1). Never trips by itself, except in
+    /// dry-run mode while the shadow state is half-open, where every outcome
+    /// counts as a probe.
+    pub fn record_outcome(&mut self, outcome: Outcome, now: Instant) -> Option<Transition> {
+        let now_ms = self.ms(now);
+        self.outcomes.record(outcome, now_ms);
+        if self.cfg.dry_run && self.manual.is_none() && self.state == State::HalfOpen {
+            return self.probe_result(outcome.class, now);
+        }
+        None
+    }
+
+    /// In half-open, takes a probe slot; `None` when not half-open, in
+    /// dry-run mode, under a manual override, or when all slots are taken.
+    pub fn try_admit_probe(&mut self, now: Instant) -> Option<ProbeTicket> {
+        if self.state != State::HalfOpen || self.manual.is_some() || self.cfg.dry_run {
+            return None;
+        }
+        let limit = self
+            .cfg
+            .half_open
+            .max_probes
+            .min(self.cfg.max_concurrency);
+        self.admission.try_admit_probe(self.period, limit, now)
+    }
+
+    /// Records a probe's outcome: frees its slot and, if the ticket belongs to
+    /// the current half-open period, acts on it at once (a dependency failure
+    /// re-opens; the M-th consecutive success starts the ramp; a permanent
+    /// failure is neutral). The outcome is recorded like any other too.
+    pub fn record_probe_outcome(
+        &mut self,
+        ticket: ProbeTicket,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Option<Transition> {
+        let now_ms = self.ms(now);
+        self.outcomes.record(outcome, now_ms);
+        let current = self.admission.complete_probe(ticket, now)
+            && ticket.period == self.period
+            && self.state == State::HalfOpen
+            && self.manual.is_none();
+        if current {
+            self.probe_result(outcome.class, now)
+        } else {
+            None
+        }
+    }
+
+    /// Records a look at the queue backend.
+    pub fn observe_queue(&mut self, sample: QueueSample, now: Instant) {
+        let now_ms = self.ms(now);
+        self.queue.observe(sample, now_ms);
+    }
+
+    /// Records worker heartbeats (the latest per worker wins; beats already
+    /// older than the heartbeat TTL are ignored).
+    pub fn observe_heartbeats(&mut self, beats: &[Heartbeat], now: Instant) {
+        let ttl = Duration::from_millis(self.cfg.lock_wait.heartbeat_ttl_ms);
+        for hb in beats {
+            if now.saturating_duration_since(hb.at) <= ttl {
+                self.lock_wait.observe(hb);
+            }
+        }
+    }
+
+    /// Forgets a worker that stopped cleanly (otherwise it ages out).
+    pub fn forget_worker(&mut self, worker: u64) {
+        self.lock_wait.forget(worker);
+    }
+
+    /// Records the database's count of sessions waiting on a lock.
+    pub fn observe_db_lock_waiters(&mut self, count: u32, now: Instant) {
+        self.db_locks.observe(count, now);
+    }
+
+    // ---- the tick -----------------------------------------------------
+
+    /// Judges the signals and timers; at most one transition per call.
+    pub fn evaluate(&mut self, now: Instant) -> Option<Transition> {
+        let now_ms = self.ms(now);
+        self.lock_wait.prune(now);
+        let closed_since = self.closed_since_ms();
+        self.queue.learn(now_ms, closed_since);
+
+        if let Some(m) = &self.manual {
+            if m.until.is_some_and(|u| now >= u) {
+                return Some(self.end_override(Reason::OverrideExpired, now));
+            }
+            return None;
+        }
+
+        let in_state = now.saturating_duration_since(self.since);
+        match self.state {
+            State::Open => (in_state >= self.cool_down).then(|| {
+                let cool_down_ms = millis(self.cool_down);
+                self.go(State::HalfOpen, Reason::CoolDownElapsed { cool_down_ms }, now)
+            }),
+            State::HalfOpen => {
+                if let Some(r) = self.first_trip(now) {
+                    return Some(self.go(State::Open, r, now));
+                }
+                let timeout = Duration::from_millis(self.cfg.half_open.probe_timeout_ms);
+                let oldest = self.admission.oldest_outstanding(self.period)?;
+                let waited = now.saturating_duration_since(oldest);
+                (waited >= timeout).then(|| {
+                    let waited_ms = millis(waited);
+                    self.go(State::Open, Reason::ProbeTimedOut { waited_ms }, now)
+                })
+            }
+            State::Ramping => {
+                if let Some(r) = self.first_trip(now) {
+                    return Some(self.go(State::Open, r, now));
+                }
+                let hold = Duration::from_millis(self.cfg.ramp.hold_ms);
+                if in_state < hold {
+                    return None;
+                }
+                let held_ms = millis(in_state);
+                let steps = &self.cfg.ramp.steps;
+                match (steps.get(self.ramp_step), steps.get(self.ramp_step + 1)) {
+                    (Some(&from), Some(&to)) => {
+                        Some(self.go(State::Ramping, Reason::RampStep { from, to, held_ms }, now))
+                    }
+                    _ => Some(self.go(State::Closed, Reason::RampComplete { held_ms }, now)),
+                }
+            }
+            State::Closed => self
+                .first_trip(now)
+                .map(|r| self.go(State::Open, r, now)),
+        }
+    }
+
+    // ---- manual override ----------------------------------------------
+
+    /// Forces the breaker open (enforced even in dry-run mode) for `ttl`, or
+    /// until [`Breaker::clear_override`] when `ttl` is `None`.
+    pub fn force_open(
+        &mut self,
+        note: impl Into<String>,
+        ttl: Option<Duration>,
+        now: Instant,
+    ) -> Transition {
+        let note = note.into();
+        self.manual = Some(Override {
+            kind: OverrideKind::Open,
+            note: note.clone(),
+            until: ttl.and_then(|t| now.checked_add(t)),
+        });
+        let ttl_ms = ttl.map(millis);
+        self.go(State::Open, Reason::ForcedOpen { note, ttl_ms }, now)
+    }
+
+    /// Forces the breaker closed at full concurrency, signals ignored, for
+    /// `ttl` or until cleared.
+    pub fn force_closed(&mut self, ttl: Option<Duration>, now: Instant) -> Transition {
+        self.manual = Some(Override {
+            kind: OverrideKind::Closed,
+            note: String::new(),
+            until: ttl.and_then(|t| now.checked_add(t)),
+        });
+        let ttl_ms = ttl.map(millis);
+        self.go(State::Closed, Reason::ForcedClosed { ttl_ms }, now)
+    }
+
+    /// Ends the manual override; automatic control resumes (from half-open
+    /// after a forced open, from closed after a forced close).
+    pub fn clear_override(&mut self, now: Instant) -> Option<Transition> {
+        self.manual
+            .is_some()
+            .then(|| self.end_override(Reason::OverrideCleared, now))
+    }
+
+    fn end_override(&mut self, reason: Reason, now: Instant) -> Transition {
+        let to = match self.manual.take().map(|m| m.kind) {
+            Some(OverrideKind::Open) => State::HalfOpen,
+            _ => State::Closed,
+        };
+        self.go(to, reason, now)
+    }
+
+    // ---- status -------------------------------------------------------
+
+    /// Every signal's current reading, in evaluation order.
+    fn readings(&self, now: Instant) -> [Reading; 6] {
+        let now_ms = self.ms(now);
+        [
+            self.outcomes.failure_ratio(now_ms),
+            self.outcomes.slow_calls(now_ms),
+            self.queue.dlq_velocity(now_ms),
+            self.queue.in_flight(now_ms, self.closed_since_ms()),
+            self.lock_wait.reading(now),
+            self.db_locks.reading(now),
+        ]
+    }
+
+    /// A full picture for the admin API and `breaker status`.
+    pub fn status(&self, now: Instant) -> BreakerStatus {
+        let in_state = now.saturating_duration_since(self.since);
+        let last = self.history.back();
+        let judged_now = self.state != State::Open;
+        BreakerStatus {
+            state: self.state,
+            gate: self.published,
+            limit: self.limit(),
+            in_state_ms: millis(in_state),
+            reason: last.map(|t| t.reason.clone()),
+            message: last.map(|t| t.reason.to_string()),
+            ramp: (self.state == State::Ramping).then(|| RampStatus {
+                step: self.ramp_step,
+                steps: self.cfg.ramp.steps.len(),
+                fraction: self.cfg.ramp.steps.get(self.ramp_step).copied().unwrap_or(1.0),
+                held_ms: millis(in_state),
+                hold_ms: self.cfg.ramp.hold_ms,
+            }),
+            cool_down: (self.state == State::Open && self.manual.is_none()).then(|| {
+                CoolDownStatus {
+                    total_ms: millis(self.cool_down),
+                    remaining_ms: millis(self.cool_down.saturating_sub(in_state)),
+                }
+            }),
+            half_open: (self.state == State::HalfOpen).then(|| HalfOpenStatus {
+                outstanding: self.admission.outstanding(self.period),
+                max_probes: self.cfg.half_open.max_probes,
+                successes: self.successes,
+                successes_to_close: self.cfg.half_open.successes_to_close,
+            }),
+            signals: self
+                .readings(now)
+                .into_iter()
+                .map(|r| SignalStatus {
+                    tripping: judged_now && r.trip.is_some(),
+                    signal: r.kind,
+                    enabled: r.enabled,
+                    value: r.value,
+                    threshold: r.threshold,
+                    detail: r.detail,
+                })
+                .collect(),
+            opens_since_close: self.opens_since_close,
+            baseline_throughput: self.queue.baseline(),
+            history: self
+                .history
+                .iter()
+                .map(|t| TransitionRecord {
+                    from: t.from,
+                    to: t.to,
+                    message: t.reason.to_string(),
+                    reason: t.reason.clone(),
+                    ago_ms: millis(now.saturating_duration_since(t.at)),
+                    limit: t.limit,
+                    dry_run: t.dry_run,
+                })
+                .collect(),
+            manual_override: self.manual.as_ref().map(|m| OverrideStatus {
+                kind: m.kind,
+                note: m.note.clone(),
+                remaining_ms: m.until.map(|u| millis(u.saturating_duration_since(now))),
+            }),
+            dry_run: self.cfg.dry_run,
+        }
+    }
+
+    // ---- internals ----------------------------------------------------
+
+    fn closed_since_ms(&self) -> Option<u64> {
+        (self.state == State::Closed).then(|| self.ms(self.since))
+    }
+
+    fn first_trip(&self, now: Instant) -> Option<Reason> {
+        let closed = self.state == State::Closed;
+        self.readings(now)
+            .into_iter()
+            .filter(|r| closed || r.kind != SignalKind::InFlight)
+            .find_map(|r| r.trip)
+    }
+
+    fn probe_result(&mut self, class: OutcomeClass, now: Instant) -> Option<Transition> {
+        match class {
+            OutcomeClass::Success => {
+                self.successes = self.successes.saturating_add(1);
+                (self.successes >= self.cfg.half_open.successes_to_close).then(|| {
+                    let successes = self.successes;
+                    let reason = Reason::ProbesSucceeded { successes };
+                    if self.cfg.ramp.steps.is_empty() {
+                        self.go(State::Closed, reason, now)
+                    } else {
+                        self.go(State::Ramping, reason, now)
+                    }
+                })
+            }
+            OutcomeClass::Dependency => Some(self.go(State::Open, Reason::ProbeFailed, now)),
+            OutcomeClass::Permanent => None,
+        }
+    }
+
+    /// Performs a transition: entry actions, history, gate.
+    fn go(&mut self, to: State, reason: Reason, now: Instant) -> Transition {
+        let from = self.state;
+        match to {
+            State::Open => {
+                if !matches!(reason, Reason::ForcedOpen { .. }) {
+                    self.cool_down =
+                        ramp::cool_down(&self.cfg.cool_down, self.opens_since_close, &mut self.rng);
+                    self.opens_since_close = self.opens_since_close.saturating_add(1);
+                }
+            }
+            State::HalfOpen => {
+                self.period = self.period.wrapping_add(1);
+                self.admission.begin_period(self.period, now);
+                self.successes = 0;
+                self.outcomes.clear();
+                self.queue.clear_dlq();
+            }
+            State::Ramping => {
+                if from == State::Ramping {
+                    self.ramp_step = self.ramp_step.saturating_add(1);
+                } else {
+                    self.ramp_step = 0;
+                    self.outcomes.clear();
+                    self.queue.clear_dlq();
+                }
+            }
+            State::Closed => self.opens_since_close = 0,
+        }
+        self.state = to;
+        self.since = now;
+        let t = Transition {
+            from,
+            to,
+            reason,
+            at: now,
+            limit: self.limit(),
+            dry_run: !self.enforcing(),
+        };
+        if self.history.len() >= self.cfg.history_len {
+            self.history.pop_front();
+        }
+        self.history.push_back(t.clone());
+        self.publish();
+        t
+    }
+
+    fn publish(&mut self) {
+        let mut g = if self.enforcing() {
+            GateSnapshot {
+                state: self.state,
+                may_poll: self.state != State::Open,
+                limit: self.limit(),
+                probe_only: self.state == State::HalfOpen,
+                generation: 0,
+            }
+        } else {
+            GateSnapshot::closed(self.cfg.max_concurrency)
+        };
+        if !g.same_decision(&self.published) {
+            g.generation = self.published.next_generation();
+            self.published = g;
+            self.shared.store(g);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

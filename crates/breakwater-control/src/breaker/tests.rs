@@ -1,0 +1,640 @@
+//! Unit tests of the state machine: every transition and every signal,
+//! driven through the public methods with a hand-made clock.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::signals::heartbeats::WorkerState;
+
+const FAST: Duration = Duration::from_millis(5);
+
+fn cfg() -> BreakerConfig {
+    BreakerConfig {
+        max_concurrency: 100,
+        ..BreakerConfig::default()
+    }
+}
+
+/// A breaker plus a clock.
+struct H {
+    b: Breaker,
+    now: Instant,
+}
+
+impl H {
+    fn new(cfg: BreakerConfig) -> Self {
+        let now = Instant::now();
+        let b = Breaker::with_seed(cfg, 42, now).expect("valid config");
+        Self { b, now }
+    }
+
+    fn advance(&mut self, ms: u64) -> Instant {
+        self.now += Duration::from_millis(ms);
+        self.now
+    }
+
+    fn tick(&mut self, ms: u64) -> Option<Transition> {
+        let now = self.advance(ms);
+        self.b.evaluate(now)
+    }
+
+    fn outcomes(&mut self, n: usize, o: Outcome) {
+        for _ in 0..n {
+            self.b.record_outcome(o, self.now);
+        }
+    }
+
+    /// Closed/ramping -> open through the failure ratio.
+    fn trip(&mut self) -> Transition {
+        self.outcomes(30, Outcome::dependency(FAST));
+        self.tick(100).expect("trips")
+    }
+
+    /// Open -> half-open, ticking each 100 ms; returns how long it took.
+    fn wait_half_open(&mut self) -> Duration {
+        let start = self.now;
+        for _ in 0..100_000 {
+            if let Some(t) = self.tick(100) {
+                assert_eq!((t.from, t.to), (State::Open, State::HalfOpen));
+                return self.now - start;
+            }
+        }
+        panic!("never left open");
+    }
+
+    /// Half-open -> ramping with successful probes.
+    fn probes_succeed(&mut self) -> Transition {
+        for _ in 0..self.b.config().half_open.successes_to_close {
+            let ticket = self.b.try_admit_probe(self.now).expect("slot");
+            if let Some(t) = self.b.record_probe_outcome(ticket, Outcome::success(FAST), self.now) {
+                return t;
+            }
+        }
+        panic!("probes did not close");
+    }
+
+    fn cool_down_ms(&self) -> u64 {
+        self.b.status(self.now).cool_down.map_or(0, |c| c.total_ms)
+    }
+}
+
+#[test]
+fn starts_closed_at_full_limit() {
+    let h = H::new(cfg());
+    let g = h.b.gate();
+    assert_eq!(g, GateSnapshot::closed(100));
+    assert_eq!(h.b.shared_gate().load(), g);
+    assert_eq!(h.b.state(), State::Closed);
+}
+
+#[test]
+fn invalid_config_is_refused() {
+    let mut c = cfg();
+    c.max_concurrency = 0;
+    let e = Breaker::new(c, Instant::now()).err();
+    assert_eq!(e.map(|e| e.key), Some("max_concurrency"));
+}
+
+#[test]
+fn failure_ratio_opens_with_a_reason_naming_value_and_threshold() {
+    let mut h = H::new(cfg());
+    h.outcomes(33, Outcome::success(FAST));
+    h.outcomes(24, Outcome::dependency(FAST));
+    let t = h.tick(100).expect("trips");
+    assert_eq!((t.from, t.to), (State::Closed, State::Open));
+    assert_eq!(t.reason.to_string(), "failure ratio 0.42 > 0.15 over 60 s, 57 calls");
+    assert_eq!(t.limit, 0);
+    assert!(!t.dry_run);
+    let g = h.b.shared_gate().load();
+    assert!(!g.may_poll);
+    assert_eq!(g.state, State::Open);
+    assert_eq!(g.limit, 0);
+    assert_eq!(g.generation, 1);
+}
+
+#[test]
+fn recording_alone_does_not_trip_the_tick_does() {
+    let mut h = H::new(cfg());
+    for _ in 0..50 {
+        assert_eq!(h.b.record_outcome(Outcome::dependency(FAST), h.now), None);
+    }
+    assert_eq!(h.b.state(), State::Closed);
+    assert!(h.tick(100).is_some());
+}
+
+#[test]
+fn a_thousand_poison_messages_do_not_trip() {
+    let mut h = H::new(cfg());
+    let mut total = 0;
+    for i in 0..1000 {
+        h.b.record_outcome(Outcome::permanent(FAST), h.now);
+        if i % 100 == 0 {
+            h.b.observe_queue(
+                QueueSample {
+                    visible: 0,
+                    in_flight: 1,
+                    dead_lettered_total: total,
+                    processed_total: total,
+                },
+                h.now,
+            );
+            assert_eq!(h.tick(100), None);
+        }
+        total += 1;
+    }
+    h.b.observe_queue(
+        QueueSample {
+            dead_lettered_total: total,
+            processed_total: total,
+            ..QueueSample::default()
+        },
+        h.now,
+    );
+    assert_eq!(h.tick(100), None);
+    let s = h.b.status(h.now);
+    assert_eq!(s.state, State::Closed);
+    // The DLQ signal sees them (1000 / 60 s) but is disabled by default.
+    let dlq = s.signals.iter().find(|x| x.signal == SignalKind::DlqVelocity);
+    assert!(dlq.is_some_and(|d| !d.enabled && d.value.is_some_and(|v| v > 16.0)));
+}
+
+#[test]
+fn cool_down_then_half_open() {
+    let mut h = H::new(cfg());
+    h.trip();
+    let cd = h.cool_down_ms();
+    assert!((8_000..=10_000).contains(&cd), "{cd}");
+    let waited = h.wait_half_open();
+    assert!(waited >= Duration::from_millis(cd));
+    assert!(waited < Duration::from_millis(cd + 200));
+    let g = h.b.gate();
+    assert!(g.may_poll && g.probe_only);
+    assert_eq!(g.limit, 1);
+    let last = h.b.history().last().map(|t| t.reason.to_string());
+    assert!(last.is_some_and(|r| r.starts_with("cool-down of ")));
+}
+
+#[test]
+fn half_open_never_admits_more_than_n_probes() {
+    let mut c = cfg();
+    c.half_open.max_probes = 2;
+    c.half_open.successes_to_close = 5;
+    let mut h = H::new(c);
+    assert_eq!(h.b.try_admit_probe(h.now), None, "closed: no probes");
+    h.trip();
+    assert_eq!(h.b.try_admit_probe(h.now), None, "open: no probes");
+    h.wait_half_open();
+    let a = h.b.try_admit_probe(h.now);
+    let b = h.b.try_admit_probe(h.now);
+    assert!(a.is_some() && b.is_some());
+    assert_eq!(h.b.try_admit_probe(h.now), None);
+    assert_eq!(h.b.outstanding_probes(), 2);
+    let a = a.expect("admitted");
+    assert_eq!(h.b.record_probe_outcome(a, Outcome::success(FAST), h.now), None);
+    // Reporting the same ticket twice frees nothing and counts nothing.
+    assert_eq!(h.b.record_probe_outcome(a, Outcome::success(FAST), h.now), None);
+    assert_eq!(h.b.status(h.now).half_open.map(|x| x.successes), Some(1));
+    assert!(h.b.try_admit_probe(h.now).is_some());
+    assert_eq!(h.b.try_admit_probe(h.now), None);
+}
+
+#[test]
+fn probe_successes_start_the_ramp_which_walks_10_25_50_100_then_closes() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    let t = h.probes_succeed();
+    assert_eq!((t.from, t.to), (State::HalfOpen, State::Ramping));
+    assert_eq!(t.reason.to_string(), "3 consecutive probe successes");
+    let mut limits = vec![h.b.gate().limit];
+    let mut reasons = vec![];
+    loop {
+        h.outcomes(5, Outcome::success(FAST));
+        match h.tick(1_000) {
+            None => continue,
+            Some(t) => {
+                reasons.push(t.reason.to_string());
+                limits.push(h.b.gate().limit);
+                if t.to == State::Closed {
+                    break;
+                }
+                assert_eq!((t.from, t.to), (State::Ramping, State::Ramping));
+            }
+        }
+    }
+    assert_eq!(limits, vec![10, 25, 50, 100, 100]);
+    assert_eq!(reasons[0], "ramp 10% -> 25% after 30.0 s healthy");
+    assert_eq!(reasons[3], "ramp complete after 30.0 s healthy on the last step");
+    let s = h.b.status(h.now);
+    assert_eq!(s.state, State::Closed);
+    assert_eq!(s.opens_since_close, 0);
+    assert!(!h.b.gate().probe_only);
+}
+
+#[test]
+fn failure_in_ramp_reopens_with_a_longer_cool_down() {
+    let mut h = H::new(cfg());
+    h.trip();
+    let first = h.cool_down_ms();
+    h.wait_half_open();
+    h.probes_succeed();
+    h.tick(10_000);
+    assert_eq!(h.b.state(), State::Ramping);
+    let t = h.trip();
+    assert_eq!((t.from, t.to), (State::Ramping, State::Open));
+    let second = h.cool_down_ms();
+    assert!((16_000..=20_000).contains(&second), "{second}");
+    assert!(second > first);
+    // Third opening: longer again.
+    h.wait_half_open();
+    h.probes_succeed();
+    h.trip();
+    let third = h.cool_down_ms();
+    assert!((32_000..=40_000).contains(&third), "{third}");
+}
+
+#[test]
+fn cool_down_is_capped_and_reset_after_a_full_close() {
+    let mut c = cfg();
+    c.cool_down.cap_ms = 25_000;
+    let mut h = H::new(c);
+    h.trip();
+    for _ in 0..5 {
+        h.wait_half_open();
+        let ticket = h.b.try_admit_probe(h.now).expect("slot");
+        let t = h.b.record_probe_outcome(ticket, Outcome::dependency(FAST), h.now);
+        assert_eq!(t.map(|t| t.reason), Some(Reason::ProbeFailed));
+        assert!(h.cool_down_ms() <= 25_000);
+    }
+    assert!(h.cool_down_ms() >= 20_000);
+    // Full close, then a new trip starts from the base again.
+    h.wait_half_open();
+    h.probes_succeed();
+    while h.b.state() != State::Closed {
+        h.tick(1_000);
+    }
+    h.tick(61_000);
+    h.trip();
+    assert!(h.cool_down_ms() <= 10_000);
+}
+
+#[test]
+fn probe_failure_reopens_at_once() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    let ticket = h.b.try_admit_probe(h.now).expect("slot");
+    let t = h
+        .b
+        .record_probe_outcome(ticket, Outcome::dependency(FAST), h.now)
+        .expect("re-opens");
+    assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
+    assert!(!h.b.gate().may_poll);
+    assert!(h.cool_down_ms() >= 16_000);
+}
+
+#[test]
+fn permanent_probe_outcome_is_neutral() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    let ticket = h.b.try_admit_probe(h.now).expect("slot");
+    let t = h.b.record_probe_outcome(ticket, Outcome::permanent(FAST), h.now);
+    assert_eq!(t, None);
+    assert_eq!(h.b.state(), State::HalfOpen);
+    assert_eq!(h.b.outstanding_probes(), 0);
+    assert_eq!(h.b.status(h.now).half_open.map(|x| x.successes), Some(0));
+}
+
+#[test]
+fn unanswered_probe_times_out_as_failed() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    // No probe outstanding: half-open waits for traffic as long as needed.
+    assert_eq!(h.tick(60_000), None);
+    let ticket = h.b.try_admit_probe(h.now).expect("slot");
+    assert_eq!(h.tick(29_900), None);
+    let t = h.tick(100).expect("times out");
+    assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
+    assert_eq!(t.reason.to_string(), "half-open probe unanswered after 30.0 s in half-open");
+    // The late answer of that probe changes nothing.
+    let late = h.b.record_probe_outcome(ticket, Outcome::success(FAST), h.now);
+    assert_eq!(late, None);
+    assert_eq!(h.b.state(), State::Open);
+}
+
+#[test]
+fn stale_ticket_from_an_earlier_half_open_is_ignored() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    let old = h.b.try_admit_probe(h.now).expect("slot");
+    h.b.observe_db_lock_waiters(50, h.now);
+    let t = h.tick(100).expect("signal re-opens half-open");
+    assert_eq!(t.reason.to_string(), "database lock waiters 50 > 10");
+    h.advance(20_000); // the sample goes stale
+    h.wait_half_open();
+    assert_eq!(h.b.record_probe_outcome(old, Outcome::dependency(FAST), h.now), None);
+    assert_eq!(h.b.state(), State::HalfOpen);
+    assert!(h.b.try_admit_probe(h.now).is_some());
+}
+
+#[test]
+fn evidence_that_opened_the_breaker_does_not_reopen_it() {
+    let mut h = H::new(cfg());
+    h.trip(); // 30 failures sit in the 60 s window
+    h.wait_half_open();
+    assert_eq!(h.tick(100), None);
+    h.probes_succeed();
+    assert_eq!(h.tick(100), None, "ramp starts with clean windows");
+    assert_eq!(h.b.state(), State::Ramping);
+}
+
+#[test]
+fn empty_ramp_closes_at_once() {
+    let mut c = cfg();
+    c.ramp.steps.clear();
+    let mut h = H::new(c);
+    h.trip();
+    h.wait_half_open();
+    let t = h.probes_succeed();
+    assert_eq!((t.from, t.to), (State::HalfOpen, State::Closed));
+    assert_eq!(h.b.gate().limit, 100);
+}
+
+#[test]
+fn slow_calls_trip() {
+    let mut h = H::new(cfg());
+    h.outcomes(10, Outcome::success(Duration::from_millis(6_000)));
+    h.outcomes(10, Outcome::success(FAST));
+    assert_eq!(h.tick(100), None, "0.5 is not > 0.5");
+    h.outcomes(1, Outcome::success(Duration::from_millis(6_000)));
+    let t = h.tick(100).expect("trips");
+    assert_eq!(
+        t.reason.to_string(),
+        "slow-call ratio 0.52 > 0.50 (calls > 5000 ms) over 60 s, 21 calls"
+    );
+}
+
+#[test]
+fn dlq_velocity_trips_when_enabled() {
+    let mut c = cfg();
+    c.dlq.enabled = true;
+    let mut h = H::new(c);
+    h.b.observe_queue(QueueSample::default(), h.now);
+    h.advance(1_000);
+    h.b.observe_queue(
+        QueueSample {
+            dead_lettered_total: 301,
+            processed_total: 301,
+            ..QueueSample::default()
+        },
+        h.now,
+    );
+    let t = h.tick(100).expect("trips");
+    assert_eq!(t.reason.to_string(), "DLQ velocity 5.02/s > 5.00/s over 60 s");
+}
+
+/// Feeds one queue sample per second and ticks.
+fn queue_run(h: &mut H, secs: u64, rate: u64, visible: u64, in_flight: u64, total: &mut u64) {
+    for _ in 0..secs {
+        *total += rate;
+        h.b.observe_queue(
+            QueueSample {
+                visible,
+                in_flight,
+                dead_lettered_total: 0,
+                processed_total: *total,
+            },
+            h.now,
+        );
+        if let Some(t) = h.tick(1_000) {
+            panic!("unexpected {t}");
+        }
+    }
+}
+
+#[test]
+fn drained_queue_with_high_in_flight_ratio_does_not_trip() {
+    let mut h = H::new(cfg());
+    let mut total = 0;
+    queue_run(&mut h, 120, 40, 0, 10, &mut total);
+    queue_run(&mut h, 60, 1, 0, 2, &mut total); // quiet night, still drained
+    let s = h.b.status(h.now);
+    let sig = s.signals.iter().find(|x| x.signal == SignalKind::InFlight);
+    assert!(sig.is_some_and(|x| x.value == Some(1.0) && !x.tripping));
+    assert_eq!(s.state, State::Closed);
+}
+
+#[test]
+fn in_flight_pile_up_with_collapsed_throughput_trips() {
+    let mut h = H::new(cfg());
+    let mut total = 0;
+    queue_run(&mut h, 120, 40, 20, 10, &mut total);
+    let mut tripped = None;
+    for _ in 0..60 {
+        total += 1;
+        h.b.observe_queue(
+            QueueSample {
+                visible: 20,
+                in_flight: 500,
+                dead_lettered_total: 0,
+                processed_total: total,
+            },
+            h.now,
+        );
+        if let Some(t) = h.tick(1_000) {
+            tripped = Some(t);
+            break;
+        }
+    }
+    let t = tripped.expect("trips");
+    assert!(matches!(t.reason, Reason::InFlight { .. }), "{}", t.reason);
+    assert!(t.reason.to_string().starts_with("in-flight ratio 0.96 > 0.85"));
+}
+
+fn lock_wait(ms: u64) -> WorkerState {
+    WorkerState::LockWait {
+        waited: Duration::from_millis(ms),
+    }
+}
+
+#[test]
+fn lock_wait_heartbeats_trip_and_stale_ones_expire() {
+    let mut h = H::new(cfg());
+    let now = h.now;
+    let beats: Vec<Heartbeat> = (0..10)
+        .map(|w| Heartbeat {
+            worker: w,
+            state: if w < 4 {
+                lock_wait(2_500)
+            } else {
+                WorkerState::Applying
+            },
+            at: now,
+        })
+        .collect();
+    h.b.observe_heartbeats(&beats, now);
+    let t = h.tick(100).expect("4 of 10 > 30%");
+    assert_eq!(
+        t.reason.to_string(),
+        "lock waits: 4 of 10 live workers (40%) waiting > 2000 ms, threshold 30%"
+    );
+
+    // Fresh breaker: the same beats, but 11 s old, are ignored on arrival;
+    // beats that age out later stop counting.
+    let mut h = H::new(cfg());
+    let old = h.now;
+    h.advance(11_000);
+    h.b.observe_heartbeats(&beats.iter().map(|b| Heartbeat { at: old, ..*b }).collect::<Vec<_>>(), h.now);
+    assert_eq!(h.tick(100), None);
+    let now = h.now;
+    h.b.observe_heartbeats(&beats.iter().map(|b| Heartbeat { at: now, ..*b }).collect::<Vec<_>>(), now);
+    h.advance(10_001);
+    assert_eq!(h.b.evaluate(h.now), None);
+    let s = h.b.status(h.now);
+    let sig = s.signals.iter().find(|x| x.signal == SignalKind::LockWait);
+    assert!(sig.is_some_and(|x| x.value.is_none()));
+}
+
+#[test]
+fn db_lock_waiters_trip() {
+    let mut h = H::new(cfg());
+    h.b.observe_db_lock_waiters(10, h.now);
+    assert_eq!(h.tick(100), None);
+    h.b.observe_db_lock_waiters(11, h.now);
+    let t = h.tick(100).expect("trips");
+    assert_eq!(t.reason.to_string(), "database lock waiters 11 > 10");
+}
+
+#[test]
+fn force_open_with_ttl_expires_into_half_open() {
+    let mut h = H::new(cfg());
+    let t = h.b.force_open("migration", Some(Duration::from_secs(60)), h.now);
+    assert_eq!((t.from, t.to), (State::Closed, State::Open));
+    assert_eq!(t.reason.to_string(), "forced open by operator (migration) for 60 s");
+    assert!(!h.b.shared_gate().load().may_poll);
+    // Nothing automatic happens while forced, even past the cool-down.
+    assert_eq!(h.tick(59_000), None);
+    assert_eq!(h.b.try_admit_probe(h.now), None);
+    let s = h.b.status(h.now);
+    assert_eq!(
+        s.manual_override.map(|o| (o.kind, o.remaining_ms)),
+        Some((OverrideKind::Open, Some(1_000)))
+    );
+    let t = h.tick(1_000).expect("expires");
+    assert_eq!((t.from, t.to, t.reason), (State::Open, State::HalfOpen, Reason::OverrideExpired));
+    assert!(h.b.status(h.now).manual_override.is_none());
+    assert!(h.b.try_admit_probe(h.now).is_some());
+}
+
+#[test]
+fn force_closed_ignores_signals_until_it_expires() {
+    let mut h = H::new(cfg());
+    h.trip();
+    let t = h.b.force_closed(Some(Duration::from_secs(30)), h.now);
+    assert_eq!((t.from, t.to), (State::Open, State::Closed));
+    assert_eq!(h.b.gate().limit, 100);
+    h.outcomes(50, Outcome::dependency(FAST));
+    assert_eq!(h.tick(100), None, "forced closed: signals reported, not acted on");
+    let s = h.b.status(h.now);
+    assert!(s.signals.iter().any(|x| x.signal == SignalKind::FailureRatio && x.tripping));
+    let t = h.tick(29_900).expect("expires");
+    assert_eq!((t.to, t.reason), (State::Closed, Reason::OverrideExpired));
+    let t = h.tick(100).expect("automatic control trips");
+    assert_eq!(t.to, State::Open);
+}
+
+#[test]
+fn clear_override_resumes_at_once() {
+    let mut h = H::new(cfg());
+    assert_eq!(h.b.clear_override(h.now), None);
+    h.b.force_open("", None, h.now);
+    assert_eq!(h.tick(3_600_000), None, "no TTL: held until cleared");
+    let t = h.b.clear_override(h.now).expect("cleared");
+    assert_eq!((t.to, t.reason), (State::HalfOpen, Reason::OverrideCleared));
+    assert_eq!(
+        h.b.history().nth(0).map(|t| t.reason.to_string()),
+        Some("forced open by operator until cleared".into())
+    );
+}
+
+#[test]
+fn dry_run_reports_but_never_gates() {
+    let mut c = cfg();
+    c.dry_run = true;
+    let mut h = H::new(c);
+    let gate = h.b.shared_gate();
+    let t = h.trip();
+    assert!(t.dry_run);
+    assert_eq!(t.to_string().split(": ").next(), Some("closed -> open"));
+    assert!(t.to_string().ends_with("[dry run]"));
+    assert_eq!(h.b.state(), State::Open);
+    assert_eq!(gate.load(), GateSnapshot::closed(100));
+    assert_eq!(h.b.status(h.now).gate, GateSnapshot::closed(100));
+    h.wait_half_open();
+    assert_eq!(h.b.try_admit_probe(h.now), None, "workers are not gated");
+    // Ordinary outcomes count as the shadow probes.
+    h.outcomes(2, Outcome::success(FAST));
+    let t = h.b.record_outcome(Outcome::success(FAST), h.now).expect("would ramp");
+    assert_eq!((t.to, t.dry_run), (State::Ramping, true));
+    assert_eq!(gate.load(), GateSnapshot::closed(100));
+    // A manual trip is enforced even in dry-run mode.
+    let t = h.b.force_open("incident", None, h.now);
+    assert!(!t.dry_run);
+    assert!(!gate.load().may_poll);
+    h.b.clear_override(h.now);
+    assert!(gate.load().may_poll);
+    assert_eq!(gate.load().limit, 100);
+}
+
+#[test]
+fn history_is_bounded() {
+    let mut c = cfg();
+    c.history_len = 3;
+    let mut h = H::new(c);
+    for _ in 0..5 {
+        h.b.force_open("x", None, h.now);
+        h.b.clear_override(h.now);
+    }
+    assert_eq!(h.b.history().len(), 3);
+    let s = h.b.status(h.now);
+    assert_eq!(s.history.len(), 3);
+    assert_eq!(s.message.as_deref(), Some("manual override cleared; automatic control resumes"));
+}
+
+#[test]
+fn status_shows_every_signal_with_value_and_threshold() {
+    let mut h = H::new(cfg());
+    h.outcomes(20, Outcome::success(FAST));
+    h.b.observe_db_lock_waiters(3, h.now);
+    let s = h.b.status(h.now);
+    let kinds: Vec<_> = s.signals.iter().map(|x| x.signal).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            SignalKind::FailureRatio,
+            SignalKind::SlowCalls,
+            SignalKind::DlqVelocity,
+            SignalKind::InFlight,
+            SignalKind::LockWait,
+            SignalKind::DbLockWaiters
+        ]
+    );
+    let fr = &s.signals[0];
+    assert_eq!((fr.value, fr.threshold), (Some(0.0), 0.15));
+    let db = &s.signals[5];
+    assert_eq!((db.value, db.threshold), (Some(3.0), 10.0));
+    assert!(s.signals.iter().all(|x| !x.tripping));
+    assert_eq!((s.state, s.limit, s.dry_run), (State::Closed, 100, false));
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn status_is_serializable() {
+    fn assert_serialize<T: serde::Serialize>(_: &T) {}
+    let h = H::new(cfg());
+    assert_serialize(&h.b.status(h.now));
+    assert_serialize(h.b.config());
+}

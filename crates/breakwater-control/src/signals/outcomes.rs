@@ -1,0 +1,300 @@
+//! Call outcomes: the dependency failure ratio and the slow-call ratio.
+//!
+//! Each outcome lands in two bucketed windows (one per signal, since their
+//! lengths may differ): O(1) per outcome. Permanent failures (poison
+//! messages) are counted apart: they are neither calls nor failures for the
+//! ratios, so no amount of poison can trip the breaker.
+
+use std::time::Duration;
+
+#[cfg(feature = "serde")]
+use serde::Serialize;
+
+use super::Reading;
+use crate::config::{FailureRatioConfig, SlowCallConfig};
+use crate::reason::Reason;
+use crate::signals::SignalKind;
+use crate::window::{Bucket, RollingWindow};
+
+/// How a call to the dependency ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(Serialize), serde(rename_all = "snake_case"))]
+pub enum OutcomeClass {
+    /// Applied.
+    Success,
+    /// The dependency failed (lock timeout, statement timeout, deadlock,
+    /// serialization failure, too many connections, pool timeout, lost
+    /// connection): counts toward the breaker.
+    Dependency,
+    /// The message itself is bad (constraint violation, bad JSON): it goes to
+    /// the DLQ and never counts toward the breaker.
+    Permanent,
+}
+
+/// One finished call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// How it ended.
+    pub class: OutcomeClass,
+    /// How long it took.
+    pub latency: Duration,
+}
+
+impl Outcome {
+    /// A success that took `latency`.
+    pub fn success(latency: Duration) -> Self {
+        Self {
+            class: OutcomeClass::Success,
+            latency,
+        }
+    }
+
+    /// A dependency failure that took `latency`.
+    pub fn dependency(latency: Duration) -> Self {
+        Self {
+            class: OutcomeClass::Dependency,
+            latency,
+        }
+    }
+
+    /// A permanent failure (poison message) that took `latency`.
+    pub fn permanent(latency: Duration) -> Self {
+        Self {
+            class: OutcomeClass::Permanent,
+            latency,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Calls {
+    calls: u64,
+    failures: u64,
+    permanent: u64,
+}
+
+impl Bucket for Calls {
+    fn merge(&mut self, o: &Self) {
+        self.calls = self.calls.saturating_add(o.calls);
+        self.failures = self.failures.saturating_add(o.failures);
+        self.permanent = self.permanent.saturating_add(o.permanent);
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Slow {
+    calls: u64,
+    slow: u64,
+}
+
+impl Bucket for Slow {
+    fn merge(&mut self, o: &Self) {
+        self.calls = self.calls.saturating_add(o.calls);
+        self.slow = self.slow.saturating_add(o.slow);
+    }
+}
+
+/// Failure-ratio and slow-call windows.
+#[derive(Debug, Clone)]
+pub(crate) struct OutcomeSignals {
+    failure_cfg: FailureRatioConfig,
+    slow_cfg: SlowCallConfig,
+    slow_after: Duration,
+    failures: RollingWindow<Calls>,
+    slow: RollingWindow<Slow>,
+}
+
+impl OutcomeSignals {
+    pub(crate) fn new(failure_cfg: &FailureRatioConfig, slow_cfg: &SlowCallConfig) -> Self {
+        Self {
+            failure_cfg: failure_cfg.clone(),
+            slow_cfg: slow_cfg.clone(),
+            slow_after: Duration::from_millis(slow_cfg.slow_ms),
+            failures: RollingWindow::new(Duration::from_secs(failure_cfg.window_secs)),
+            slow: RollingWindow::new(Duration::from_secs(slow_cfg.window_secs)),
+        }
+    }
+
+    pub(crate) fn record(&mut self, o: Outcome, now_ms: u64) {
+        match o.class {
+            OutcomeClass::Permanent => self.failures.record(now_ms, |b| b.permanent += 1),
+            class => {
+                let failed = u64::from(class == OutcomeClass::Dependency);
+                self.failures.record(now_ms, |b| {
+                    b.calls += 1;
+                    b.failures += failed;
+                });
+                let slow = u64::from(o.latency > self.slow_after);
+                self.slow.record(now_ms, |b| {
+                    b.calls += 1;
+                    b.slow += slow;
+                });
+            }
+        }
+    }
+
+    /// Forgets the past (on entering half-open and the ramp, so failures
+    /// that caused the opening cannot re-open it).
+    pub(crate) fn clear(&mut self) {
+        self.failures.clear();
+        self.slow.clear();
+    }
+
+    pub(crate) fn failure_ratio(&self, now_ms: u64) -> Reading {
+        let c = &self.failure_cfg;
+        let b = self.failures.sum(now_ms);
+        let ratio = ratio(b.failures, b.calls);
+        let judged = b.calls >= c.min_calls && b.calls > 0;
+        let trip = (c.enabled && judged && ratio > c.threshold).then_some(Reason::FailureRatio {
+            ratio,
+            threshold: c.threshold,
+            window_secs: c.window_secs,
+            calls: b.calls,
+        });
+        Reading {
+            kind: SignalKind::FailureRatio,
+            enabled: c.enabled,
+            value: judged.then_some(ratio),
+            threshold: c.threshold,
+            detail: format!(
+                "{} dependency failures / {} calls over {} s (min {}); {} permanent apart",
+                b.failures, b.calls, c.window_secs, c.min_calls, b.permanent
+            ),
+            trip,
+        }
+    }
+
+    pub(crate) fn slow_calls(&self, now_ms: u64) -> Reading {
+        let c = &self.slow_cfg;
+        let b = self.slow.sum(now_ms);
+        let ratio = ratio(b.slow, b.calls);
+        let judged = b.calls >= c.min_calls && b.calls > 0;
+        let trip = (c.enabled && judged && ratio > c.threshold).then_some(Reason::SlowCalls {
+            ratio,
+            threshold: c.threshold,
+            slow_ms: c.slow_ms,
+            window_secs: c.window_secs,
+            calls: b.calls,
+        });
+        Reading {
+            kind: SignalKind::SlowCalls,
+            enabled: c.enabled,
+            value: judged.then_some(ratio),
+            threshold: c.threshold,
+            detail: format!(
+                "{} of {} calls slower than {} ms over {} s (min {})",
+                b.slow, b.calls, c.slow_ms, c.window_secs, c.min_calls
+            ),
+            trip,
+        }
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig() -> OutcomeSignals {
+        OutcomeSignals::new(&FailureRatioConfig::default(), &SlowCallConfig::default())
+    }
+
+    const FAST: Duration = Duration::from_millis(5);
+
+    #[test]
+    fn failure_ratio_needs_min_calls() {
+        let mut s = sig();
+        for _ in 0..19 {
+            s.record(Outcome::dependency(FAST), 0);
+        }
+        assert!(s.failure_ratio(0).trip.is_none());
+        assert_eq!(s.failure_ratio(0).value, None);
+        s.record(Outcome::dependency(FAST), 0);
+        assert!(s.failure_ratio(0).trip.is_some());
+    }
+
+    #[test]
+    fn failure_ratio_trips_above_threshold_only() {
+        let mut s = sig();
+        for i in 0..100 {
+            let o = if i < 15 {
+                Outcome::dependency(FAST)
+            } else {
+                Outcome::success(FAST)
+            };
+            s.record(o, 1_000);
+        }
+        let r = s.failure_ratio(1_000);
+        assert_eq!(r.value, Some(0.15));
+        assert!(r.trip.is_none(), "0.15 is not > 0.15");
+        s.record(Outcome::dependency(FAST), 1_000);
+        let r = s.failure_ratio(1_000);
+        assert_eq!(
+            r.trip.map(|t| t.to_string()),
+            Some("failure ratio 0.16 > 0.15 over 60 s, 101 calls".into())
+        );
+    }
+
+    #[test]
+    fn failures_age_out_of_the_window() {
+        let mut s = sig();
+        for _ in 0..30 {
+            s.record(Outcome::dependency(FAST), 0);
+        }
+        assert!(s.failure_ratio(0).trip.is_some());
+        assert!(s.failure_ratio(61_000).trip.is_none());
+    }
+
+    #[test]
+    fn a_thousand_poison_messages_never_trip() {
+        let mut s = sig();
+        for _ in 0..1000 {
+            s.record(Outcome::permanent(Duration::from_secs(10)), 0);
+        }
+        assert!(s.failure_ratio(0).trip.is_none());
+        assert!(s.slow_calls(0).trip.is_none());
+        // A few real calls with poison around them: ratio stays at 0.
+        for _ in 0..20 {
+            s.record(Outcome::success(FAST), 0);
+        }
+        assert_eq!(s.failure_ratio(0).value, Some(0.0));
+    }
+
+    #[test]
+    fn slow_call_ratio_trips() {
+        let mut s = sig();
+        for i in 0..20 {
+            let latency = if i < 11 {
+                Duration::from_millis(5_001)
+            } else {
+                FAST
+            };
+            s.record(Outcome::success(latency), 0);
+        }
+        let r = s.slow_calls(0);
+        assert_eq!(r.value, Some(0.55));
+        assert!(r.trip.is_some());
+    }
+
+    #[test]
+    fn disabled_signals_report_but_never_trip() {
+        let f = FailureRatioConfig {
+            enabled: false,
+            ..FailureRatioConfig::default()
+        };
+        let mut s = OutcomeSignals::new(&f, &SlowCallConfig::default());
+        for _ in 0..50 {
+            s.record(Outcome::dependency(FAST), 0);
+        }
+        let r = s.failure_ratio(0);
+        assert_eq!(r.value, Some(1.0));
+        assert!(r.trip.is_none());
+    }
+}

@@ -1,0 +1,191 @@
+//! A small HTTP/1.1 load generator for signed Stripe-style webhooks.
+//!
+//! Each of `concurrency` tasks owns one keep-alive connection and sends one
+//! request at a time, either as fast as answers come (closed loop) or at a
+//! fixed share of `rate` (open loop, latency measured from the scheduled
+//! send time so a stalled server cannot hide its delay). Every request
+//! carries a fresh event id and a real `Stripe-Signature`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use breakwater_verify::Scheme;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// What to send, where and for how long.
+#[derive(Debug, Clone)]
+pub struct LoadSpec {
+    pub target: SocketAddr,
+    pub path: String,
+    pub concurrency: usize,
+    pub body_bytes: usize,
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub secret: String,
+    /// Makes event ids unique across runs.
+    pub run_tag: String,
+    /// Requests per second in total; `None` for as fast as possible.
+    pub rate: Option<f64>,
+}
+
+/// What one run measured.
+#[derive(Debug, Default, Clone)]
+pub struct LoadReport {
+    /// Latencies of successful (2xx) requests, in microseconds, sorted.
+    pub latencies_us: Vec<u32>,
+    /// Non-2xx answers and transport errors.
+    pub errors: u64,
+    pub elapsed: Duration,
+}
+
+impl LoadReport {
+    /// Successful requests per second.
+    pub fn rate(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs == 0.0 {
+            0.0
+        } else {
+            self.latencies_us.len() as f64 / secs
+        }
+    }
+
+    /// The `p`-th percentile latency in milliseconds (100 = max).
+    pub fn percentile_ms(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return 0.0;
+        }
+        let rank = ((p / 100.0) * (self.latencies_us.len() - 1) as f64).round() as usize;
+        f64::from(self.latencies_us[rank.min(self.latencies_us.len() - 1)]) / 1000.0
+    }
+}
+
+/// A Stripe-style event of about `size` bytes.
+pub fn stripe_body(event_id: &str, object_id: &str, size: usize) -> Vec<u8> {
+    let head = format!(
+        r#"{{"id":"{event_id}","object":"event","type":"payment_intent.succeeded","api_version":"2024-06-20","data":{{"object":{{"id":"{object_id}","object":"payment_intent","amount":2000,"currency":"usd","status":"succeeded","description":""#
+    );
+    let tail = r#""}}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut body = Vec::with_capacity(size);
+    body.extend_from_slice(head.as_bytes());
+    body.resize(head.len() + pad, b'x');
+    body.extend_from_slice(tail.as_bytes());
+    body
+}
+
+/// Sends the load and measures it.
+pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
+    let start = Instant::now();
+    let measure_from = start + spec.warmup;
+    let end = measure_from + spec.duration;
+    let per_task_interval = spec
+        .rate
+        .map(|r| Duration::from_secs_f64(spec.concurrency as f64 / r));
+    let mut tasks = Vec::with_capacity(spec.concurrency);
+    for worker in 0..spec.concurrency {
+        let spec = spec.clone();
+        tasks.push(tokio::spawn(async move {
+            worker_loop(spec, worker, measure_from, end, per_task_interval).await
+        }));
+    }
+    let mut report = LoadReport::default();
+    for t in tasks {
+        let (lat, errors) = t.await.context("load task panicked")??;
+        report.latencies_us.extend(lat);
+        report.errors += errors;
+    }
+    report.elapsed = end.saturating_duration_since(measure_from);
+    report.latencies_us.sort_unstable();
+    Ok(report)
+}
+
+async fn connect(
+    target: SocketAddr,
+) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(target)
+        .await
+        .with_context(|| format!("cannot connect to {target}"))?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+async fn worker_loop(
+    spec: LoadSpec,
+    worker: usize,
+    measure_from: Instant,
+    end: Instant,
+    interval: Option<Duration>,
+) -> anyhow::Result<(Vec<u32>, u64)> {
+    let scheme = Scheme::Stripe {
+        tolerance: Duration::from_secs(300),
+    };
+    let mut sender = connect(spec.target).await?;
+    let mut latencies = Vec::new();
+    let mut errors = 0u64;
+    // Spread open-loop senders evenly over the first interval.
+    let mut next_send = Instant::now()
+        + interval.map_or(Duration::ZERO, |i| {
+            i.mul_f64(worker as f64 / spec.concurrency as f64)
+        });
+    let mut n: u64 = 0;
+    loop {
+        if let Some(i) = interval {
+            tokio::time::sleep_until(next_send.into()).await;
+            next_send += i;
+        }
+        let scheduled = if interval.is_some() {
+            next_send - interval.unwrap_or_default()
+        } else {
+            Instant::now()
+        };
+        if scheduled >= end {
+            break;
+        }
+        n += 1;
+        let event_id = format!("evt_{}_{worker}_{n}", spec.run_tag);
+        let object_id = format!("pi_{}", n % 1000);
+        let body = stripe_body(&event_id, &object_id, spec.body_bytes);
+        let now_unix = crate::ingress::unix_now();
+        let headers = breakwater_verify::sign(&scheme, &spec.secret, &body, now_unix, &event_id)
+            .context("signing failed")?;
+        let mut request = hyper::Request::post(&spec.path)
+            .header(http::header::HOST, "bench")
+            .header(http::header::CONTENT_TYPE, "application/json");
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let request = request.body(Full::new(Bytes::from(body)))?;
+        if sender.ready().await.is_err() {
+            sender = connect(spec.target).await?;
+        }
+        let ok = match sender.send_request(request).await {
+            Ok(response) => {
+                let ok = response.status().is_success();
+                let _ = response.into_body().collect().await;
+                ok
+            }
+            Err(_) => {
+                sender = connect(spec.target).await?;
+                false
+            }
+        };
+        let done = Instant::now();
+        if scheduled >= measure_from && done <= end + Duration::from_secs(5) {
+            if ok {
+                let us = done.duration_since(scheduled).as_micros();
+                latencies.push(u32::try_from(us).unwrap_or(u32::MAX));
+            } else {
+                errors += 1;
+            }
+        }
+    }
+    Ok((latencies, errors))
+}

@@ -1,0 +1,219 @@
+//! `breakwater bench ingress`: the ingress against a bare hyper server, in
+//! one run, under the same loopback load.
+//!
+//! Three phases, each after a short warm-up:
+//!
+//! 1. **bare hyper**: a hyper server answering `200 ok` to every POST;
+//! 2. **breakwater**: the real ingress (Stripe signature verified, event id
+//!    and entity key extracted, message committed to the embedded queue
+//!    with fsync before the 202), on a fresh store on the same disk as the
+//!    data directory;
+//! 3. **breakwater at half its peak**: an open-loop load at half the rate
+//!    phase 2 reached, to read the latency a deployment would see with
+//!    headroom.
+//!
+//! The load generator keeps `concurrency` keep-alive HTTP/1.1 connections,
+//! each sending one request at a time (closed loop), and signs every
+//! request itself in every phase (so the client's work is the same in all
+//! of them). Server and client run in separate tokio runtimes of two
+//! threads each on the same two cores: the figures are for comparison, not
+//! absolute capacity.
+
+pub mod load;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+pub use self::load::{LoadReport, LoadSpec};
+use crate::config::{
+    Config, HmacAlgorithm, HmacEncoding, QueueConfig, SchemeName, SourceConfig,
+};
+use crate::serve::{self, Role};
+
+/// Options of `breakwater bench ingress`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct IngressBenchArgs {
+    /// Seconds of measured load per phase.
+    #[arg(long, default_value_t = 10)]
+    pub duration: u64,
+    /// Seconds of unmeasured warm-up before each phase.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: u64,
+    /// Concurrent connections, each with one request in flight.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Size of each webhook body in bytes.
+    #[arg(long, default_value_t = 1024)]
+    pub body_bytes: usize,
+    /// Directory for the benchmark's queue (removed afterwards). Use the
+    /// disk production would use: fsync cost is what is being measured.
+    #[arg(long, default_value = "data/bench")]
+    pub data_dir: PathBuf,
+}
+
+/// Secret of the benchmark's Stripe source.
+const SECRET: &str = "whsec_bench_secret_0123456789abcdef";
+const SOURCE: &str = "stripe";
+
+/// Results of the three phases.
+#[derive(Debug)]
+pub struct IngressBenchReport {
+    pub args: IngressBenchArgs,
+    pub bare: LoadReport,
+    pub breakwater: LoadReport,
+    pub half_rate: LoadReport,
+}
+
+impl fmt::Display for IngressBenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let a = &self.args;
+        writeln!(
+            f,
+            "ingress bench: {} connections, {} B bodies, {} s per phase (after {} s warm-up)",
+            a.concurrency, a.body_bytes, a.duration, a.warmup
+        )?;
+        writeln!(
+            f,
+            "{:<28} {:>10} {:>9} {:>9} {:>9} {:>8}",
+            "phase", "req/s", "p50 ms", "p99 ms", "max ms", "errors"
+        )?;
+        for (name, r) in [
+            ("bare hyper (200 ok)", &self.bare),
+            ("breakwater (verify+fsync)", &self.breakwater),
+            ("breakwater at 1/2 peak", &self.half_rate),
+        ] {
+            writeln!(
+                f,
+                "{:<28} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>8}",
+                name,
+                r.rate(),
+                r.percentile_ms(50.0),
+                r.percentile_ms(99.0),
+                r.percentile_ms(100.0),
+                r.errors
+            )?;
+        }
+        let ratio = if self.bare.rate() > 0.0 {
+            self.breakwater.rate() / self.bare.rate()
+        } else {
+            0.0
+        };
+        writeln!(f, "ratio breakwater / bare hyper: {:.1}%", ratio * 100.0)
+    }
+}
+
+fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .context("cannot start a runtime")
+}
+
+/// Runs the three phases and returns their figures.
+pub fn run_ingress_bench(args: &IngressBenchArgs) -> anyhow::Result<IngressBenchReport> {
+    let server_rt = runtime("bench-server")?;
+    let client_rt = runtime("bench-client")?;
+    let spec = |target: SocketAddr, path: &str, tag: &str, rate: Option<f64>| LoadSpec {
+        target,
+        path: path.to_owned(),
+        concurrency: args.concurrency,
+        body_bytes: args.body_bytes,
+        warmup: Duration::from_secs(args.warmup),
+        duration: Duration::from_secs(args.duration),
+        secret: SECRET.to_owned(),
+        run_tag: tag.to_owned(),
+        rate,
+    };
+
+    eprintln!("phase 1/3: bare hyper");
+    let bare_addr = server_rt.block_on(start_bare_hyper())?;
+    let bare = client_rt.block_on(load::run(spec(bare_addr, "/", "bare", None)))?;
+
+    eprintln!("phase 2/3: breakwater ingress");
+    let dir = args.data_dir.join(format!("run-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = bench_config(&dir);
+    let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
+    let addr = running
+        .ingress_addr
+        .context("the ingress did not start")?;
+    let path = format!("/webhooks/{SOURCE}");
+    let breakwater = client_rt.block_on(load::run(spec(addr, &path, "bw", None)))?;
+
+    eprintln!("phase 3/3: breakwater at half of {:.0} req/s", breakwater.rate());
+    let half = (breakwater.rate() / 2.0).max(1.0);
+    let half_rate = client_rt.block_on(load::run(spec(addr, &path, "half", Some(half))))?;
+
+    server_rt.block_on(running.shutdown());
+    drop(server_rt);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(IngressBenchReport {
+        args: args.clone(),
+        bare,
+        breakwater,
+        half_rate,
+    })
+}
+
+/// The configuration of the benchmark's ingress: one Stripe source,
+/// listeners on ephemeral ports, the queue under `dir`.
+pub fn bench_config(dir: &std::path::Path) -> Config {
+    let mut config = Config::default();
+    config.ingress.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.queue = QueueConfig {
+        path: dir.to_owned(),
+        ..QueueConfig::default()
+    };
+    config.sources.push(SourceConfig {
+        name: SOURCE.to_owned(),
+        scheme: SchemeName::Stripe,
+        secrets: vec![SECRET.to_owned()],
+        secrets_env: None,
+        secrets_file: None,
+        tolerance_secs: None,
+        header: None,
+        algorithm: HmacAlgorithm::Sha256,
+        encoding: HmacEncoding::Hex,
+        prefix: None,
+        event_id: Some("json:/id".to_owned()),
+        entity_key: Some("json:/data/object/id".to_owned()),
+        statements: Vec::new(),
+    });
+    config
+}
+
+async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let service = service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        Bytes::from_static(b"ok"),
+                    )))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}

@@ -1,0 +1,606 @@
+//! The configuration file: its shape, its defaults, and how it is loaded.
+//!
+//! One TOML file (`breakwater.toml`, or `--config PATH`) layered with
+//! environment variables. Loading happens in two passes so that errors are
+//! precise:
+//!
+//! 1. the file alone is deserialized with `toml::from_str`, whose errors carry
+//!    the line and column of the offending key (unknown keys are rejected by
+//!    `deny_unknown_fields` on every table);
+//! 2. `BREAKWATER_<SECTION>_<KEY>` variables are applied on top of the parsed
+//!    table and the result is deserialized again; an error there names the
+//!    variable.
+//!
+//! Then [`Config::validate`] checks what the types cannot (timeouts that must
+//! be ordered, duplicate source names, secrets that resolve to nothing).
+//! Secrets never reach logs: [`Config::redacted`] is what `config check`
+//! prints.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Prefix of every environment override.
+pub const ENV_PREFIX: &str = "BREAKWATER_";
+
+/// Sections that environment variables may override.
+const ENV_SECTIONS: &[&str] = &["ingress", "admin", "queue", "sink", "workers", "breaker"];
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("invalid config: {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub ingress: IngressConfig,
+    pub admin: AdminConfig,
+    pub queue: QueueConfig,
+    pub sink: SinkConfig,
+    pub workers: WorkersConfig,
+    #[serde(rename = "source")]
+    pub sources: Vec<SourceConfig>,
+}
+
+/// `[ingress]`: the public HTTP listener that takes webhooks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+}
+
+impl Default for IngressConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// `[admin]`: the operator listener (metrics, breaker, queue stats).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token; required when `listen` is not a loopback address.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+/// Which queue backend holds accepted webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueBackend {
+    #[default]
+    Embedded,
+    Rabbitmq,
+    Kafka,
+    Sqs,
+    Nats,
+}
+
+impl QueueBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Embedded => "embedded",
+            Self::Rabbitmq => "rabbitmq",
+            Self::Kafka => "kafka",
+            Self::Sqs => "sqs",
+            Self::Nats => "nats",
+        }
+    }
+}
+
+/// `[queue]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    pub backend: QueueBackend,
+    /// Embedded backend: directory holding the queue's files.
+    pub path: PathBuf,
+    /// Visibility timeout of a claimed message, in milliseconds.
+    pub lease_ms: u64,
+    /// How long an applied or queued event id is remembered to answer
+    /// redeliveries with 200 instead of enqueuing them twice, in seconds.
+    pub dedup_window_secs: u64,
+    /// Embedded backend: most operations committed together in one fsync.
+    pub max_batch: usize,
+    /// Embedded backend: operations waiting for the writer before the
+    /// ingress answers 503.
+    pub max_pending: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            backend: QueueBackend::Embedded,
+            path: PathBuf::from("data/queue"),
+            lease_ms: 30_000,
+            dedup_window_secs: 7 * 24 * 3600,
+            max_batch: 1024,
+            max_pending: 16_384,
+        }
+    }
+}
+
+/// `[sink]`: the database workers apply webhooks to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkConfig {
+    pub url: String,
+    pub lock_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub idle_in_transaction_timeout_ms: u64,
+    pub pool_max: usize,
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/breakwater.db".to_owned(),
+            lock_timeout_ms: 1000,
+            statement_timeout_ms: 5000,
+            idle_in_transaction_timeout_ms: 10_000,
+            pool_max: 20,
+            acquire_timeout_ms: 2000,
+        }
+    }
+}
+
+/// `[workers]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkersConfig {
+    pub max_concurrency: u32,
+    pub max_attempts: u32,
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+    /// Messages of one entity key applied at once (hot-key lanes); 0 = no limit.
+    pub per_key_concurrency: u32,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 16,
+            max_attempts: 5,
+            backoff_base_ms: 100,
+            backoff_cap_ms: 30_000,
+            per_key_concurrency: 1,
+        }
+    }
+}
+
+/// Signature scheme of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemeName {
+    Stripe,
+    Shopify,
+    Github,
+    Standard,
+    Hmac,
+}
+
+/// HMAC algorithm of the generic scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HmacAlgorithm {
+    #[default]
+    Sha256,
+    Sha1,
+}
+
+/// Signature encoding of the generic scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HmacEncoding {
+    #[default]
+    Hex,
+    Base64,
+}
+
+/// `[[source]]`: one issuer of webhooks, reachable at `POST /webhooks/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub name: String,
+    pub scheme: SchemeName,
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Environment variable holding comma-separated secrets.
+    #[serde(default)]
+    pub secrets_env: Option<String>,
+    /// File holding one secret per line.
+    #[serde(default)]
+    pub secrets_file: Option<PathBuf>,
+    /// Replay window of timestamped schemes (stripe, standard), in seconds.
+    #[serde(default)]
+    pub tolerance_secs: Option<u64>,
+    /// Generic HMAC: header carrying the signature.
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub algorithm: HmacAlgorithm,
+    #[serde(default)]
+    pub encoding: HmacEncoding,
+    /// Generic HMAC: prefix before the signature, e.g. `sha256=`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// `json:/pointer` or `header:Name`; absent: the scheme's id header, else
+    /// a hash of the body.
+    #[serde(default)]
+    pub event_id: Option<String>,
+    /// `json:/pointer` or `header:Name`; absent: no entity key (no lane).
+    #[serde(default)]
+    pub entity_key: Option<String>,
+    /// Statements run in the inbox transaction, only for a new event id.
+    #[serde(default, rename = "statement")]
+    pub statements: Vec<StatementConfig>,
+}
+
+/// `[[source.statement]]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatementConfig {
+    pub sql: String,
+    /// Named parameters: `json:/pointer` or `header:Name`.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Loads `path` (or the defaults when `None`) and applies the
+    /// environment of this process.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, std::env::vars())
+    }
+
+    /// Loads `path` and applies the given environment (testable form).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let (text, origin) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_owned(),
+                    source,
+                })?;
+                (text, p.to_owned())
+            }
+            None => (String::new(), PathBuf::from("<defaults>")),
+        };
+        Self::from_toml_with_env(&text, &origin, env)
+    }
+
+    /// Parses TOML text, applies the environment and validates.
+    pub fn from_toml_with_env(
+        text: &str,
+        origin: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let parse_err = |e: toml::de::Error| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        };
+        // Pass 1: the file alone, for errors with line numbers.
+        let mut config: Config = toml::from_str(text).map_err(parse_err)?;
+        // Pass 2: environment overrides on top of the file's table.
+        let mut table: toml::Table = toml::from_str(text).map_err(parse_err)?;
+        let mut overridden = false;
+        for (var, value) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let rest = rest.to_ascii_lowercase();
+            let Some((section, key)) = rest.split_once('_') else {
+                continue;
+            };
+            if !ENV_SECTIONS.contains(&section) {
+                continue;
+            }
+            let entry = table
+                .entry(section.to_owned())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let toml::Value::Table(section_table) = entry else {
+                return Err(ConfigError::Env {
+                    var,
+                    message: format!("[{section}] is not a table in the file"),
+                });
+            };
+            section_table.insert(key.to_owned(), parse_env_value(&value));
+            overridden = true;
+        }
+        if overridden {
+            config = toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Env {
+                    var: "BREAKWATER_*".to_owned(),
+                    message: e.to_string().trim_end().to_owned(),
+                })?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let sink = &self.sink;
+        if sink.statement_timeout_ms <= sink.lock_timeout_ms {
+            return Err(ConfigError::invalid(
+                "sink.statement_timeout_ms",
+                format!(
+                    "must be larger than sink.lock_timeout_ms ({} <= {}); otherwise the \
+                     statement timeout fires first and the lock timeout never does",
+                    sink.statement_timeout_ms, sink.lock_timeout_ms
+                ),
+            ));
+        }
+        if sink.pool_max == 0 {
+            return Err(ConfigError::invalid("sink.pool_max", "must be at least 1"));
+        }
+        if self.workers.max_concurrency == 0 {
+            return Err(ConfigError::invalid(
+                "workers.max_concurrency",
+                "must be at least 1",
+            ));
+        }
+        if self.workers.max_attempts == 0 {
+            return Err(ConfigError::invalid(
+                "workers.max_attempts",
+                "must be at least 1",
+            ));
+        }
+        if self.ingress.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "ingress.max_body_bytes",
+                "must be at least 1",
+            ));
+        }
+        if self.queue.lease_ms < 1000 {
+            return Err(ConfigError::invalid(
+                "queue.lease_ms",
+                "must be at least 1000 ms",
+            ));
+        }
+        if self.queue.backend != QueueBackend::Embedded {
+            return Err(ConfigError::invalid(
+                "queue.backend",
+                format!(
+                    "\"{}\" is not available in this build yet; use \"embedded\"",
+                    self.queue.backend.as_str()
+                ),
+            ));
+        }
+        if !self.admin.listen.ip().is_loopback() && self.admin.token.is_none() {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "required when admin.listen is not a loopback address",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, source) in self.sources.iter().enumerate() {
+            let key = format!("source[{i}]");
+            if source.name.is_empty()
+                || !source
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(ConfigError::invalid(
+                    format!("{key}.name"),
+                    "must be non-empty and use only letters, digits, '-' and '_'",
+                ));
+            }
+            if !names.insert(source.name.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.name"),
+                    format!("duplicate source name \"{}\"", source.name),
+                ));
+            }
+            if source.scheme == SchemeName::Hmac && source.header.is_none() {
+                return Err(ConfigError::invalid(
+                    format!("{key}.header"),
+                    "the hmac scheme needs the name of the signature header",
+                ));
+            }
+            for (field, value) in [("event_id", &source.event_id), ("entity_key", &source.entity_key)]
+            {
+                if let Some(v) = value {
+                    crate::source::Extractor::parse(v)
+                        .map_err(|m| ConfigError::invalid(format!("{key}.{field}"), m))?;
+                }
+            }
+            for (j, st) in source.statements.iter().enumerate() {
+                for (name, v) in &st.params {
+                    crate::source::Extractor::parse(v).map_err(|m| {
+                        ConfigError::invalid(format!("{key}.statement[{j}].params.{name}"), m)
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The configuration with every secret replaced by `"<redacted>"`.
+    pub fn redacted(&self) -> Config {
+        let mut copy = self.clone();
+        if copy.admin.token.is_some() {
+            copy.admin.token = Some("<redacted>".to_owned());
+        }
+        for source in &mut copy.sources {
+            for secret in &mut source.secrets {
+                *secret = "<redacted>".to_owned();
+            }
+        }
+        copy.sink.url = redact_url(&copy.sink.url);
+        copy
+    }
+}
+
+/// Reads an environment value as a TOML value when it parses as one
+/// (`20`, `true`, `["a","b"]`), else as a string.
+fn parse_env_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
+        Err(_) => toml::Value::String(raw.to_owned()),
+    }
+}
+
+/// Hides the password of a `scheme://user:password@host/...` URL.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_with_env(text, Path::new("test.toml"), Vec::new())
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = parse("").expect("defaults are valid");
+        assert_eq!(c.ingress.listen.port(), 8080);
+        assert_eq!(c.queue.backend, QueueBackend::Embedded);
+        assert!(c.sources.is_empty());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let err = parse("[ingress]\nlisten = \"127.0.0.1:1\"\nmax_bodyy = 3\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("line 3"), "{msg}");
+        assert!(msg.contains("max_bodyy"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let err = parse("[sink]\npool_max = \"many\"\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("line 2"), "{msg}");
+        assert!(msg.contains("pool_max"), "{msg}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let env = vec![
+            ("BREAKWATER_SINK_POOL_MAX".to_owned(), "7".to_owned()),
+            ("BREAKWATER_INGRESS_LISTEN".to_owned(), "127.0.0.1:9999".to_owned()),
+            ("UNRELATED".to_owned(), "x".to_owned()),
+        ];
+        let c = Config::from_toml_with_env("[sink]\npool_max = 3\n", Path::new("t"), env)
+            .expect("valid");
+        assert_eq!(c.sink.pool_max, 7);
+        assert_eq!(c.ingress.listen.port(), 9999);
+    }
+
+    #[test]
+    fn bad_env_override_names_variable() {
+        let env = vec![("BREAKWATER_SINK_POOL_MAXX".to_owned(), "7".to_owned())];
+        let err = Config::from_toml_with_env("", Path::new("t"), env).unwrap_err();
+        assert!(err.to_string().contains("pool_maxx"), "{err}");
+    }
+
+    #[test]
+    fn statement_timeout_must_exceed_lock_timeout() {
+        let err = parse("[sink]\nlock_timeout_ms = 5000\nstatement_timeout_ms = 5000\n").unwrap_err();
+        assert!(err.to_string().contains("sink.statement_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_source_names_rejected() {
+        let text = r#"
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["x"]
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["y"]
+"#;
+        let err = parse(text).unwrap_err();
+        assert!(err.to_string().contains("duplicate"), "{err}");
+    }
+
+    #[test]
+    fn bad_extractor_names_key() {
+        let text = r#"
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["x"]
+event_id = "body:/id"
+"#;
+        let err = parse(text).unwrap_err();
+        assert!(err.to_string().contains("source[0].event_id"), "{err}");
+    }
+
+    #[test]
+    fn redaction_hides_secrets_and_passwords() {
+        let text = r#"
+[sink]
+url = "postgres://app:hunter2@db/app"
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["topsecret"]
+"#;
+        let c = parse(text).expect("valid");
+        let shown = toml::to_string(&c.redacted()).expect("serializes");
+        assert!(!shown.contains("topsecret"));
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("postgres://app:<redacted>@db/app"));
+    }
+}

@@ -1,0 +1,78 @@
+//! Errors the ingress answers with, each knowing its HTTP status.
+//!
+//! Every error answers a JSON body `{"error": "<code>", "detail": "<text>"}`
+//! and nothing is enqueued. The codes are stable (scripts match on them);
+//! the details are for people.
+
+use axum::Json;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+
+/// Seconds an issuer is asked to wait when the queue cannot take a webhook.
+pub const RETRY_AFTER_SECS: u32 = 5;
+
+/// Why a webhook was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IngressError {
+    #[error("no source named \"{0}\" is configured")]
+    UnknownSource(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Stale(String),
+    #[error("body is larger than the limit of {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("cannot read the request body: {0}")]
+    BadBody(String),
+    #[error("the queue cannot take the webhook now: {0}")]
+    Unavailable(String),
+}
+
+impl IngressError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::UnknownSource(_) => StatusCode::NOT_FOUND,
+            Self::Unauthorized(_) | Self::Stale(_) => StatusCode::UNAUTHORIZED,
+            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BadBody(_) => StatusCode::BAD_REQUEST,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable code in the `error` field (also the metric's outcome label).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownSource(_) => "unknown_source",
+            Self::Unauthorized(_) => "unauthorized",
+            Self::Stale(_) => "stale",
+            Self::TooLarge { .. } => "too_large",
+            Self::BadBody(_) => "bad_body",
+            Self::Unavailable(_) => "unavailable",
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    detail: String,
+}
+
+impl IntoResponse for IngressError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = ErrorBody {
+            error: self.code(),
+            detail: self.to_string(),
+        };
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}

@@ -1,0 +1,212 @@
+//! HTTP intake: `POST /webhooks/{source}`, `GET /healthz`, `GET /readyz`.
+//!
+//! The flow of one request, in the order the checks run:
+//!
+//! 1. look up the source (404 `unknown_source`);
+//! 2. read the body within `max_body_bytes` (413 `too_large`);
+//! 3. verify the signature with the source's scheme and secrets
+//!    (401 `unauthorized`, or 401 `stale` outside the replay window);
+//! 4. extract the event id and entity key (never refuses: a missing id
+//!    falls back to a hash of the body);
+//! 5. enqueue and wait until the queue says it is durable: 202 `accepted`,
+//!    or 200 `duplicate` for an event id already queued or applied; if the
+//!    queue cannot take it, 503 `unavailable` with `Retry-After`.
+//!
+//! The ingress never touches the sink, so a slow database cannot make it
+//! answer 5xx.
+
+mod error;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use metrics::{Counter, Histogram};
+use serde::Serialize;
+
+pub use self::error::{IngressError, RETRY_AFTER_SECS};
+use crate::queue::{Enqueued, NewMessage, Queue, QueueError};
+use crate::source::{Source, Sources};
+use crate::telemetry;
+
+/// A source with its pre-registered metric handles.
+struct Route {
+    source: Arc<Source>,
+    accepted: Counter,
+    duplicate: Counter,
+    latency: Histogram,
+}
+
+/// Shared state of the ingress handlers.
+pub struct Ingress {
+    routes: HashMap<String, Route>,
+    queue: Arc<dyn Queue>,
+    max_body_bytes: usize,
+}
+
+impl Ingress {
+    pub fn new(sources: &Sources, queue: Arc<dyn Queue>, max_body_bytes: usize) -> Self {
+        let routes = sources
+            .iter()
+            .map(|(name, source)| {
+                let counter = |outcome: &'static str| {
+                    metrics::counter!(telemetry::INGRESS_REQUESTS,
+                        "source" => name.clone(), "outcome" => outcome)
+                };
+                let route = Route {
+                    source: Arc::clone(source),
+                    accepted: counter("accepted"),
+                    duplicate: counter("duplicate"),
+                    latency: metrics::histogram!(telemetry::INGRESS_SECONDS, "source" => name.clone()),
+                };
+                (name.clone(), route)
+            })
+            .collect();
+        Self {
+            routes,
+            queue,
+            max_body_bytes,
+        }
+    }
+
+    /// The ingress router.
+    pub fn router(self) -> Router {
+        let limit = self.max_body_bytes;
+        Router::new()
+            .route("/webhooks/{source}", post(receive))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(ready))
+            .layer(DefaultBodyLimit::max(limit))
+            .with_state(Arc::new(self))
+    }
+}
+
+/// The answer to an accepted or duplicate webhook.
+#[derive(Debug, Serialize)]
+struct Accepted<'a> {
+    status: &'static str,
+    id: String,
+    event_id: &'a str,
+}
+
+async fn receive(
+    State(ingress): State<Arc<Ingress>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match accept(&ingress, &name, &headers, body).await {
+        Ok(response) => response,
+        Err(e) => {
+            let source = if ingress.routes.contains_key(&name) {
+                name
+            } else {
+                "unknown".to_owned()
+            };
+            metrics::counter!(telemetry::INGRESS_REQUESTS,
+                "source" => source, "outcome" => e.code())
+            .increment(1);
+            tracing::debug!(error = %e, status = %e.status(), "webhook refused");
+            e.into_response()
+        }
+    }
+}
+
+async fn accept(
+    ingress: &Ingress,
+    name: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, IngressError> {
+    let started = Instant::now();
+    let route = ingress
+        .routes
+        .get(name)
+        .ok_or_else(|| IngressError::UnknownSource(name.to_owned()))?;
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            IngressError::TooLarge {
+                limit: ingress.max_body_bytes,
+            }
+        } else {
+            IngressError::BadBody(rejection.body_text())
+        }
+    })?;
+    let source = &route.source;
+    source
+        .verifier
+        .verify(headers, &body, unix_now())
+        .map_err(|e| {
+            if e.is_stale() {
+                IngressError::Stale(e.to_string())
+            } else {
+                IngressError::Unauthorized(e.to_string())
+            }
+        })?;
+    let identity = source.identify(headers, &body);
+    let message = NewMessage {
+        source: source.name.to_string(),
+        event_id: identity.event_id,
+        entity_key: identity.entity_key,
+        headers: source.keep_headers(headers),
+        body,
+        received_at_ms: unix_now_ms(),
+    };
+    let event_id = message.event_id.clone();
+    let outcome = ingress.queue.enqueue(message).await.map_err(|e| match e {
+        QueueError::Full { .. } | QueueError::Closed | QueueError::Storage(_) => {
+            tracing::warn!(error = %e, source = %name, "queue refused a webhook; answering 503");
+            IngressError::Unavailable(e.to_string())
+        }
+        other => IngressError::Unavailable(other.to_string()),
+    })?;
+    route.latency.record(started.elapsed().as_secs_f64());
+    let (status, body) = match outcome {
+        Enqueued::New { id } => {
+            route.accepted.increment(1);
+            (StatusCode::ACCEPTED, Accepted {
+                status: "accepted",
+                id,
+                event_id: &event_id,
+            })
+        }
+        Enqueued::Duplicate { id } => {
+            route.duplicate.increment(1);
+            (StatusCode::OK, Accepted {
+                status: "duplicate",
+                id,
+                event_id: &event_id,
+            })
+        }
+    };
+    Ok((status, Json(body)).into_response())
+}
+
+async fn ready(State(ingress): State<Arc<Ingress>>) -> Response {
+    match tokio::time::timeout(Duration::from_secs(2), ingress.queue.stats()).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready\n").into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("queue: {e}\n")).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "queue: no answer in 2 s\n").into_response(),
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,417 @@
+//! The embedded queue: the single-node default, a SQLite database in WAL
+//! mode under the data directory (`queue.db` in `[queue] path`).
+//!
+//! - [`store`] holds the schema and the SQL (the on-disk format is
+//!   documented there).
+//! - [`writer`] is the one thread that mutates the store, committing
+//!   operations in groups so concurrent webhooks share an fsync.
+//! - [`EmbeddedQueue`] is the [`Queue`] implementation: mutations go to the
+//!   writer over a bounded channel (full: [`QueueError::Full`], which the
+//!   ingress turns into 503 + `Retry-After`), reads (stats, DLQ listing) use
+//!   a separate read connection, which WAL lets run beside the writer.
+//!
+//! Several processes may open the same store: `breakwater queue stats` or
+//! `dlq replay` while `serve` runs. SQLite's locking keeps them consistent;
+//! a busy store waits up to 5 s.
+
+pub(crate) mod store;
+pub(crate) mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, oneshot};
+
+use self::writer::{Op, Reply, WriterSettings, now_ms};
+use super::{
+    DeadLetter, DeadLetterReason, Delivery, Enqueued, NewMessage, Queue, QueueError, QueueStats,
+    Receipt,
+};
+use crate::config::QueueConfig;
+
+/// File name of the store inside `[queue] path`.
+pub const FILE_NAME: &str = "queue.db";
+
+/// The embedded queue backend.
+#[derive(Clone)]
+pub struct EmbeddedQueue {
+    ops: mpsc::Sender<Op>,
+    reader: Arc<Mutex<rusqlite::Connection>>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for EmbeddedQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedQueue").field("path", &self.path).finish()
+    }
+}
+
+fn storage(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Storage(e.to_string())
+}
+
+impl EmbeddedQueue {
+    /// Opens (creating if needed) the store under `config.path` and starts
+    /// its writer thread. The thread ends when the last clone is dropped.
+    pub fn open(config: &QueueConfig) -> Result<Self, QueueError> {
+        std::fs::create_dir_all(&config.path).map_err(|e| {
+            QueueError::Storage(format!("cannot create {}: {e}", config.path.display()))
+        })?;
+        let path = config.path.join(FILE_NAME);
+        let writer_conn = store::open(&path).map_err(storage)?;
+        let reader = store::open(&path).map_err(storage)?;
+        let (tx, rx) = mpsc::channel(config.max_pending.max(1));
+        let settings = WriterSettings {
+            max_batch: config.max_batch.max(1),
+            dedup_window_ms: (config.dedup_window_secs as i64).saturating_mul(1000),
+        };
+        std::thread::Builder::new()
+            .name("queue-writer".into())
+            .spawn(move || writer::run(writer_conn, rx, settings))
+            .map_err(storage)?;
+        Ok(Self {
+            ops: tx,
+            reader: Arc::new(Mutex::new(reader)),
+            path,
+        })
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, QueueError> {
+        let (tx, rx) = oneshot::channel();
+        self.ops
+            .send(make(tx))
+            .await
+            .map_err(|_| QueueError::Closed)?;
+        rx.await.map_err(|_| QueueError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, QueueError> {
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || {
+            let conn = reader.lock().map_err(|_| QueueError::Closed)?;
+            f(&conn).map_err(storage)
+        })
+        .await
+        .map_err(storage)?
+    }
+
+    /// Dead-lettered messages, oldest first.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        self.read(move |c| store::dead_letters(c, limit, None)).await
+    }
+
+    /// One dead-lettered message with its body.
+    pub async fn dead_letter_detail(&self, id: &str) -> Result<DeadLetter, QueueError> {
+        let n = parse_id(id)?;
+        self.read(move |c| store::dead_letters(c, 1, Some(n)))
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| QueueError::NotFound { id: id.to_owned() })
+    }
+
+    /// Puts dead-lettered messages back (all when `ids` is empty, at most
+    /// `limit`), except those replayed `max_replays` times already.
+    pub async fn replay(
+        &self,
+        ids: &[String],
+        max_replays: u32,
+        limit: usize,
+    ) -> Result<Vec<String>, QueueError> {
+        let ids = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
+        let done = self
+            .call(|reply| Op::Replay {
+                ids,
+                max_replays,
+                limit,
+                reply,
+            })
+            .await?;
+        Ok(done.into_iter().map(|i| i.to_string()).collect())
+    }
+
+    /// Deletes dead-lettered messages (all when `ids` is empty).
+    pub async fn purge(&self, ids: &[String]) -> Result<usize, QueueError> {
+        let ids = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
+        self.call(|reply| Op::Purge { ids, reply }).await
+    }
+}
+
+fn parse_id(id: &str) -> Result<i64, QueueError> {
+    id.parse()
+        .map_err(|_| QueueError::NotFound { id: id.to_owned() })
+}
+
+fn embedded_receipt(receipt: &Receipt) -> (i64, i64) {
+    match receipt {
+        Receipt::Embedded { id, lease } => (*id, *lease),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Queue for EmbeddedQueue {
+    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
+        let (tx, rx) = oneshot::channel();
+        self.ops
+            .try_send(Op::Enqueue(message, tx))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => QueueError::Full {
+                    pending: self.ops.max_capacity(),
+                },
+                mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+            })?;
+        rx.await.map_err(|_| QueueError::Closed)?
+    }
+
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let lease_ms = millis(lease);
+        self.call(|reply| Op::Claim {
+            max,
+            lease_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError> {
+        let (id, lease) = embedded_receipt(receipt);
+        self.call(|reply| Op::Ack { id, lease, reply }).await
+    }
+
+    async fn retry_later(
+        &self,
+        receipt: &Receipt,
+        delay: Duration,
+        error: &str,
+    ) -> Result<(), QueueError> {
+        let (id, lease) = embedded_receipt(receipt);
+        let error = Some(error.to_owned());
+        self.call(|reply| Op::Unclaim {
+            id,
+            lease,
+            delay_ms: millis(delay),
+            error,
+            reply,
+        })
+        .await
+    }
+
+    async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), QueueError> {
+        let (id, lease) = embedded_receipt(receipt);
+        self.call(|reply| Op::Unclaim {
+            id,
+            lease,
+            delay_ms: millis(delay),
+            error: None,
+            reply,
+        })
+        .await
+    }
+
+    async fn dead_letter(
+        &self,
+        receipt: &Receipt,
+        reason: &DeadLetterReason,
+    ) -> Result<(), QueueError> {
+        let (id, lease) = embedded_receipt(receipt);
+        let (class, error) = (reason.class.clone(), reason.error.clone());
+        self.call(|reply| Op::DeadLetter {
+            id,
+            lease,
+            class,
+            error,
+            reply,
+        })
+        .await
+    }
+
+    async fn stats(&self) -> Result<QueueStats, QueueError> {
+        self.read(|c| store::stats(c, now_ms())).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn config(dir: &Path) -> QueueConfig {
+        QueueConfig {
+            path: dir.to_owned(),
+            ..QueueConfig::default()
+        }
+    }
+
+    fn msg(event: &str, key: Option<&str>) -> NewMessage {
+        NewMessage {
+            source: "s".into(),
+            event_id: event.into(),
+            entity_key: key.map(str::to_owned),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from_static(b"{\"a\":1}"),
+            received_at_ms: now_ms(),
+        }
+    }
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn enqueue_claim_ack_and_dedup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        let first = q.enqueue(msg("e1", Some("k"))).await.expect("enqueue");
+        assert!(matches!(first, Enqueued::New { .. }));
+        let again = q.enqueue(msg("e1", Some("k"))).await.expect("enqueue");
+        assert!(matches!(again, Enqueued::Duplicate { .. }));
+
+        let got = q.claim(10, LEASE).await.expect("claim");
+        assert_eq!(got.len(), 1);
+        let d = &got[0];
+        assert_eq!(d.message.event_id, "e1");
+        assert_eq!(d.message.entity_key.as_deref(), Some("k"));
+        assert_eq!(d.message.receives, 1);
+        assert_eq!(&d.message.body[..], b"{\"a\":1}");
+        assert_eq!(q.stats().await.expect("stats").in_flight, 1);
+        assert!(q.claim(10, LEASE).await.expect("claim").is_empty());
+
+        q.ack(&d.receipt).await.expect("ack");
+        let s = q.stats().await.expect("stats");
+        assert_eq!((s.visible, s.in_flight, s.acked_total), (0, 0, 1));
+        // An applied event id is still known.
+        let after = q.enqueue(msg("e1", Some("k"))).await.expect("enqueue");
+        assert!(matches!(after, Enqueued::Duplicate { .. }));
+        // A second ack of the same receipt is refused.
+        assert!(matches!(
+            q.ack(&d.receipt).await,
+            Err(QueueError::LeaseLost { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn retry_counts_attempts_release_does_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        q.enqueue(msg("e1", None)).await.expect("enqueue");
+        let d = q.claim(1, LEASE).await.expect("claim").remove(0);
+        q.retry_later(&d.receipt, Duration::ZERO, "lock timeout")
+            .await
+            .expect("retry");
+        let d = q.claim(1, LEASE).await.expect("claim").remove(0);
+        assert_eq!(d.message.attempts, 1);
+        assert_eq!(d.message.receives, 2);
+        q.release(&d.receipt, Duration::ZERO).await.expect("release");
+        let d = q.claim(1, LEASE).await.expect("claim").remove(0);
+        assert_eq!(d.message.attempts, 1, "release does not count an attempt");
+        assert_eq!(d.message.receives, 2, "release gives the receive back");
+        // A delayed message is neither visible nor in flight.
+        q.retry_later(&d.receipt, Duration::from_secs(60), "x")
+            .await
+            .expect("retry");
+        let s = q.stats().await.expect("stats");
+        assert_eq!((s.visible, s.in_flight, s.delayed), (0, 0, 1));
+        assert!(q.claim(1, LEASE).await.expect("claim").is_empty());
+    }
+
+    #[tokio::test]
+    async fn expired_lease_makes_message_visible_and_voids_old_receipt() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        q.enqueue(msg("e1", None)).await.expect("enqueue");
+        let stale = q.claim(1, Duration::from_millis(1)).await.expect("claim").remove(0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let fresh = q.claim(1, LEASE).await.expect("claim").remove(0);
+        assert_eq!(fresh.message.receives, 2);
+        assert!(matches!(
+            q.ack(&stale.receipt).await,
+            Err(QueueError::LeaseLost { .. })
+        ));
+        q.ack(&fresh.receipt).await.expect("ack");
+    }
+
+    #[tokio::test]
+    async fn dead_letter_list_replay_purge() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        q.enqueue(msg("bad", None)).await.expect("enqueue");
+        q.enqueue(msg("bad2", None)).await.expect("enqueue");
+        for d in q.claim(2, LEASE).await.expect("claim") {
+            let reason = DeadLetterReason {
+                class: "permanent".into(),
+                error: "23505 unique violation".into(),
+            };
+            q.dead_letter(&d.receipt, &reason).await.expect("dlq");
+        }
+        let s = q.stats().await.expect("stats");
+        assert_eq!((s.dead_lettered, s.dead_lettered_total), (2, 2));
+        let list = q.dead_letters(10).await.expect("list");
+        assert_eq!(list.len(), 2);
+        assert_eq!(list[0].class, "permanent");
+        assert!(list[0].body.is_none());
+        let detail = q.dead_letter_detail(&list[0].id).await.expect("show");
+        assert_eq!(detail.body.as_deref(), Some("{\"a\":1}"));
+
+        let replayed = q.replay(&[list[0].id.clone()], 1, 100).await.expect("replay");
+        assert_eq!(replayed, vec![list[0].id.clone()]);
+        let d = q.claim(1, LEASE).await.expect("claim").remove(0);
+        assert_eq!(d.message.attempts, 0);
+        let reason = DeadLetterReason {
+            class: "permanent".into(),
+            error: "again".into(),
+        };
+        q.dead_letter(&d.receipt, &reason).await.expect("dlq");
+        // The replay limit stops a loop.
+        let again = q.replay(&[], 1, 100).await.expect("replay");
+        assert_eq!(again, vec![list[1].id.clone()], "only the unreplayed one");
+        let purged = q.purge(&[]).await.expect("purge");
+        assert_eq!(purged, 1);
+    }
+
+    #[tokio::test]
+    async fn survives_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+            for i in 0..50 {
+                q.enqueue(msg(&format!("e{i}"), None)).await.expect("enqueue");
+            }
+        }
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
+        assert_eq!(q.stats().await.expect("stats").visible, 50);
+    }
+
+    #[tokio::test]
+    async fn concurrent_enqueues_share_commits() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        let tasks: Vec<_> = (0..500)
+            .map(|i| {
+                let q = q.clone();
+                tokio::spawn(async move { q.enqueue(msg(&format!("e{i}"), None)).await })
+            })
+            .collect();
+        for t in tasks {
+            assert!(matches!(
+                t.await.expect("join").expect("enqueue"),
+                Enqueued::New { .. }
+            ));
+        }
+        assert_eq!(q.stats().await.expect("stats").visible, 500);
+    }
+}

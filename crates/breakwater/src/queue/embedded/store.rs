@@ -1,0 +1,348 @@
+//! The embedded queue's storage: schema and the SQL of every operation.
+//!
+//! Everything here is synchronous and takes a connection or transaction;
+//! the [`writer`](super::writer) thread decides when to run it and when to
+//! commit. Keeping the SQL in one place makes the on-disk format reviewable
+//! at a glance.
+//!
+//! # Format
+//!
+//! One table, `messages`, one row per accepted webhook, keyed by an integer
+//! id and unique on `(source, event_id)`:
+//!
+//! | state | meaning | `visible_at` | `lease` |
+//! |---|---|---|---|
+//! | 0 pending | visible when `visible_at <= now` | when it may be claimed | token of the live claim, or NULL |
+//! | 1 acked | applied; kept (body dropped) to answer redeliveries until the dedup window passes | - | NULL |
+//! | 2 dead | in the DLQ with `error_class` and `last_error`; body kept for replay | - | NULL |
+//!
+//! A pending row with a lease and `visible_at > now` is in flight; with no
+//! lease and `visible_at > now` it is delayed (waiting for a retry); once
+//! `visible_at <= now` it is visible whatever its lease, so a crashed
+//! worker's claim simply expires. Settling a claim requires the lease token
+//! to match: a worker whose lease expired and whose message was claimed
+//! again cannot ack or fail it.
+//!
+//! Totals that survive pruning live in `counters`.
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+use crate::queue::{DeadLetter, Message, NewMessage, QueueStats};
+
+/// Row states.
+pub(crate) const PENDING: i64 = 0;
+pub(crate) const ACKED: i64 = 1;
+pub(crate) const DEAD: i64 = 2;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS messages (
+    id          INTEGER PRIMARY KEY,
+    source      TEXT    NOT NULL,
+    event_id    TEXT    NOT NULL,
+    entity_key  TEXT,
+    headers     TEXT    NOT NULL,
+    body        BLOB,
+    received_at INTEGER NOT NULL,
+    state       INTEGER NOT NULL DEFAULT 0,
+    visible_at  INTEGER NOT NULL,
+    lease       INTEGER,
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    receives    INTEGER NOT NULL DEFAULT 0,
+    replays     INTEGER NOT NULL DEFAULT 0,
+    error_class TEXT,
+    last_error  TEXT,
+    settled_at  INTEGER,
+    UNIQUE (source, event_id)
+);
+CREATE INDEX IF NOT EXISTS messages_ready ON messages (visible_at, id) WHERE state = 0;
+CREATE INDEX IF NOT EXISTS messages_settled ON messages (state, settled_at) WHERE state <> 0;
+CREATE TABLE IF NOT EXISTS counters (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO counters (name, value) VALUES ('acked_total', 0), ('dead_total', 0);
+";
+
+/// Opens (creating if needed) the queue database with durable settings:
+/// WAL, and `synchronous = FULL` so every commit fsyncs the WAL.
+pub(crate) fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.execute_batch(SCHEMA)?;
+    Ok(conn)
+}
+
+/// Inserts a message unless its event id is known; returns the row id and
+/// whether it was new.
+pub(crate) fn enqueue(tx: &Transaction<'_>, m: &NewMessage) -> rusqlite::Result<(i64, bool)> {
+    let headers = serde_json::to_string(&m.headers).unwrap_or_else(|_| "[]".to_owned());
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO messages (source, event_id, entity_key, headers, body, received_at, visible_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+         ON CONFLICT (source, event_id) DO NOTHING
+         RETURNING id",
+    )?;
+    let new_id: Option<i64> = insert
+        .query_row(
+            params![
+                m.source,
+                m.event_id,
+                m.entity_key,
+                headers,
+                &m.body[..],
+                m.received_at_ms
+            ],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(id) = new_id {
+        return Ok((id, true));
+    }
+    let mut find =
+        tx.prepare_cached("SELECT id FROM messages WHERE source = ?1 AND event_id = ?2")?;
+    let id = find.query_row(params![m.source, m.event_id], |r| r.get(0))?;
+    Ok((id, false))
+}
+
+/// Claims up to `max` visible messages, leasing them until `now + lease_ms`.
+pub(crate) fn claim(
+    tx: &Transaction<'_>,
+    max: usize,
+    now_ms: i64,
+    lease_ms: i64,
+    token: i64,
+) -> rusqlite::Result<Vec<(i64, Message)>> {
+    let mut select = tx.prepare_cached(
+        "SELECT id, source, event_id, entity_key, headers, body, received_at, attempts, receives
+         FROM messages WHERE state = 0 AND visible_at <= ?1
+         ORDER BY visible_at, id LIMIT ?2",
+    )?;
+    let rows = select.query_map(params![now_ms, max as i64], |r| {
+        let headers: String = r.get(4)?;
+        let body: Option<Vec<u8>> = r.get(5)?;
+        let id: i64 = r.get(0)?;
+        Ok((id, Message {
+            id: id.to_string(),
+            source: r.get(1)?,
+            event_id: r.get(2)?,
+            entity_key: r.get(3)?,
+            headers: serde_json::from_str(&headers).unwrap_or_default(),
+            body: body.unwrap_or_default().into(),
+            received_at_ms: r.get(6)?,
+            attempts: r.get(7)?,
+            receives: r.get::<_, u32>(8)? + 1,
+        }))
+    })?;
+    let messages = rows.collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut lease = tx.prepare_cached(
+        "UPDATE messages SET lease = ?2, visible_at = ?3, receives = receives + 1 WHERE id = ?1",
+    )?;
+    for (id, _) in &messages {
+        lease.execute(params![id, token, now_ms + lease_ms])?;
+    }
+    Ok(messages)
+}
+
+/// Acks a claim; `forget` deletes the row instead of keeping it for dedup.
+/// Returns false when the lease did not match.
+pub(crate) fn ack(
+    tx: &Transaction<'_>,
+    id: i64,
+    lease: i64,
+    now_ms: i64,
+    forget: bool,
+) -> rusqlite::Result<bool> {
+    let n = if forget {
+        tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND lease = ?2 AND state = 0")?
+            .execute(params![id, lease])?
+    } else {
+        tx.prepare_cached(
+            "UPDATE messages SET state = 1, body = NULL, headers = '[]', lease = NULL,
+                 settled_at = ?3
+             WHERE id = ?1 AND lease = ?2 AND state = 0",
+        )?
+        .execute(params![id, lease, now_ms])?
+    };
+    Ok(n == 1)
+}
+
+/// Makes a claimed message visible again at `visible_at`; `counts` adds a
+/// failed attempt (retry) or gives back the receive (release).
+pub(crate) fn unclaim(
+    tx: &Transaction<'_>,
+    id: i64,
+    lease: i64,
+    visible_at: i64,
+    error: Option<&str>,
+) -> rusqlite::Result<bool> {
+    let n = match error {
+        Some(error) => tx
+            .prepare_cached(
+                "UPDATE messages SET lease = NULL, visible_at = ?3, attempts = attempts + 1,
+                     last_error = ?4
+                 WHERE id = ?1 AND lease = ?2 AND state = 0",
+            )?
+            .execute(params![id, lease, visible_at, error])?,
+        None => tx
+            .prepare_cached(
+                "UPDATE messages SET lease = NULL, visible_at = ?3,
+                     receives = MAX(receives - 1, 0)
+                 WHERE id = ?1 AND lease = ?2 AND state = 0",
+            )?
+            .execute(params![id, lease, visible_at])?,
+    };
+    Ok(n == 1)
+}
+
+/// Moves a claimed message to the DLQ.
+pub(crate) fn dead_letter(
+    tx: &Transaction<'_>,
+    id: i64,
+    lease: i64,
+    now_ms: i64,
+    class: &str,
+    error: &str,
+) -> rusqlite::Result<bool> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE messages SET state = 2, lease = NULL, settled_at = ?3, error_class = ?4,
+                 last_error = ?5, attempts = attempts + 1
+             WHERE id = ?1 AND lease = ?2 AND state = 0",
+        )?
+        .execute(params![id, lease, now_ms, class, error])?;
+    Ok(n == 1)
+}
+
+/// Puts dead-lettered messages back in the queue (all when `ids` is empty),
+/// skipping those replayed `max_replays` times already. Returns the ids replayed.
+pub(crate) fn replay(
+    tx: &Transaction<'_>,
+    ids: &[i64],
+    now_ms: i64,
+    max_replays: u32,
+    limit: usize,
+) -> rusqlite::Result<Vec<i64>> {
+    let candidates: Vec<i64> = if ids.is_empty() {
+        let mut st = tx.prepare_cached(
+            "SELECT id FROM messages WHERE state = 2 AND replays < ?1 ORDER BY settled_at, id LIMIT ?2",
+        )?;
+        st.query_map(params![max_replays, limit as i64], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?
+    } else {
+        ids.to_vec()
+    };
+    let mut update = tx.prepare_cached(
+        "UPDATE messages SET state = 0, visible_at = ?2, lease = NULL, attempts = 0, receives = 0,
+             replays = replays + 1, settled_at = NULL
+         WHERE id = ?1 AND state = 2 AND replays < ?3",
+    )?;
+    let mut done = Vec::new();
+    for id in candidates {
+        if update.execute(params![id, now_ms, max_replays])? == 1 {
+            done.push(id);
+        }
+    }
+    Ok(done)
+}
+
+/// Deletes dead-lettered messages (all when `ids` is empty).
+pub(crate) fn purge(tx: &Transaction<'_>, ids: &[i64]) -> rusqlite::Result<usize> {
+    if ids.is_empty() {
+        return tx.execute("DELETE FROM messages WHERE state = 2", []);
+    }
+    let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND state = 2")?;
+    let mut n = 0;
+    for id in ids {
+        n += st.execute(params![id])?;
+    }
+    Ok(n)
+}
+
+/// Adds to a persistent counter.
+pub(crate) fn bump(tx: &Transaction<'_>, name: &str, by: u64) -> rusqlite::Result<()> {
+    if by > 0 {
+        tx.prepare_cached("UPDATE counters SET value = value + ?2 WHERE name = ?1")?
+            .execute(params![name, by as i64])?;
+    }
+    Ok(())
+}
+
+/// Forgets acked messages settled before `before_ms`, at most `limit`.
+pub(crate) fn prune_acked(tx: &Transaction<'_>, before_ms: i64, limit: usize) -> rusqlite::Result<usize> {
+    tx.execute(
+        "DELETE FROM messages WHERE id IN (
+             SELECT id FROM messages WHERE state = 1 AND settled_at < ?1 LIMIT ?2)",
+        params![before_ms, limit as i64],
+    )
+}
+
+/// Counts for `queue stats`.
+pub(crate) fn stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<QueueStats> {
+    let (visible, in_flight, delayed, oldest): (i64, i64, i64, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT
+                 COALESCE(SUM(visible_at <= ?1), 0),
+                 COALESCE(SUM(visible_at > ?1 AND lease IS NOT NULL), 0),
+                 COALESCE(SUM(visible_at > ?1 AND lease IS NULL), 0),
+                 MIN(CASE WHEN visible_at <= ?1 THEN received_at END)
+             FROM messages WHERE state = 0",
+        )?
+        .query_row(params![now_ms], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+    let dead: i64 = conn
+        .prepare_cached("SELECT COUNT(*) FROM messages WHERE state = 2")?
+        .query_row([], |r| r.get(0))?;
+    let counter = |name: &str| -> rusqlite::Result<i64> {
+        conn.prepare_cached("SELECT value FROM counters WHERE name = ?1")?
+            .query_row(params![name], |r| r.get(0))
+    };
+    Ok(QueueStats {
+        visible: visible as u64,
+        in_flight: in_flight as u64,
+        delayed: delayed as u64,
+        dead_lettered: dead as u64,
+        oldest_visible_age_ms: oldest.map_or(0, |t| (now_ms - t).max(0) as u64),
+        acked_total: counter("acked_total")? as u64,
+        dead_lettered_total: counter("dead_total")? as u64,
+    })
+}
+
+/// Dead-lettered messages, oldest first (bodies left out).
+pub(crate) fn dead_letters(
+    conn: &Connection,
+    limit: usize,
+    with_body_of: Option<i64>,
+) -> rusqlite::Result<Vec<DeadLetter>> {
+    let sql = "SELECT id, source, event_id, entity_key, attempts, replays, error_class, last_error,
+                      received_at, settled_at, body
+               FROM messages WHERE state = 2 AND (?1 IS NULL OR id = ?1)
+               ORDER BY settled_at, id LIMIT ?2";
+    let mut st = conn.prepare_cached(sql)?;
+    let rows = st.query_map(params![with_body_of, limit as i64], |r| {
+        let body: Option<Vec<u8>> = r.get(10)?;
+        Ok(DeadLetter {
+            id: r.get::<_, i64>(0)?.to_string(),
+            source: r.get(1)?,
+            event_id: r.get(2)?,
+            entity_key: r.get(3)?,
+            attempts: r.get(4)?,
+            replays: r.get(5)?,
+            class: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
+            error: r.get::<_, Option<String>>(7)?.unwrap_or_default(),
+            received_at_ms: r.get(8)?,
+            dead_at_ms: r.get::<_, Option<i64>>(9)?.unwrap_or_default(),
+            body: with_body_of
+                .is_some()
+                .then(|| String::from_utf8_lossy(&body.unwrap_or_default()).into_owned()),
+        })
+    })?;
+    rows.collect()
+}
+
+const _: () = {
+    // Keep the documented states in step with the SQL above.
+    assert!(PENDING == 0 && ACKED == 1 && DEAD == 2);
+};

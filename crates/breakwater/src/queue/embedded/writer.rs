@@ -1,0 +1,281 @@
+//! The embedded queue's single writer thread and its group commit.
+//!
+//! SQLite allows one writer at a time, and the cost of durability is the
+//! fsync at commit. So every mutation (enqueue, claim, ack, retry, release,
+//! dead-letter, replay, purge) is sent to one thread, which takes whatever
+//! has queued up (at most `max_batch`), runs it all in one transaction and
+//! commits once: a hundred concurrent webhooks share one fsync. Replies are
+//! sent only after the commit returned, so a caller that hears "done" knows
+//! the change is on disk. If the commit fails, every operation of the batch
+//! fails with it and nothing is acknowledged.
+
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::store;
+use crate::queue::{Delivery, Enqueued, Message, NewMessage, QueueError, Receipt};
+
+/// The reply channel of an operation.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
+
+/// A mutation for the writer thread.
+pub(crate) enum Op {
+    Enqueue(NewMessage, Reply<Enqueued>),
+    Claim {
+        max: usize,
+        lease_ms: i64,
+        reply: Reply<Vec<Delivery>>,
+    },
+    Ack {
+        id: i64,
+        lease: i64,
+        reply: Reply<()>,
+    },
+    /// Retry (with an error, counts an attempt) or release (without).
+    Unclaim {
+        id: i64,
+        lease: i64,
+        delay_ms: i64,
+        error: Option<String>,
+        reply: Reply<()>,
+    },
+    DeadLetter {
+        id: i64,
+        lease: i64,
+        class: String,
+        error: String,
+        reply: Reply<()>,
+    },
+    Replay {
+        ids: Vec<i64>,
+        max_replays: u32,
+        limit: usize,
+        reply: Reply<Vec<i64>>,
+    },
+    Purge {
+        ids: Vec<i64>,
+        reply: Reply<usize>,
+    },
+}
+
+/// Settings of the writer.
+pub(crate) struct WriterSettings {
+    pub max_batch: usize,
+    /// Keep acked rows this long for dedup; zero deletes them at once.
+    pub dedup_window_ms: i64,
+}
+
+/// Sends the outcome of one operation once the batch's fate is known.
+type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
+
+fn finish<T: Send + 'static>(reply: Reply<T>, value: Result<T, QueueError>) -> Finish {
+    Box::new(move |commit: Result<(), &str>| {
+        let outcome = match commit {
+            Ok(()) => value,
+            Err(e) => Err(QueueError::Storage(e.to_owned())),
+        };
+        // The caller may have given up waiting; that is its business.
+        let _ = reply.send(outcome);
+    })
+}
+
+fn lease_lost(id: i64) -> QueueError {
+    QueueError::LeaseLost { id: id.to_string() }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Runs the writer until every sender is dropped.
+pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
+    let forget = settings.dedup_window_ms == 0;
+    let mut last_prune = Instant::now();
+    let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < settings.max_batch {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        let size = batch.len();
+        let started = Instant::now();
+        let mut finishes: Vec<Finish> = Vec::with_capacity(size);
+        let result = run_batch(&mut conn, batch.drain(..), forget, &mut finishes);
+        match &result {
+            Ok(()) => finishes.into_iter().for_each(|f| f(Ok(()))),
+            Err(e) => {
+                tracing::error!(error = %e, operations = size, "queue commit failed");
+                let msg = e.to_string();
+                finishes.into_iter().for_each(|f| f(Err(&msg)));
+            }
+        }
+        metrics::histogram!(crate::telemetry::QUEUE_COMMIT_SECONDS)
+            .record(started.elapsed().as_secs_f64());
+        metrics::histogram!(crate::telemetry::QUEUE_COMMIT_BATCH).record(size as f64);
+        if !forget && last_prune.elapsed() > Duration::from_secs(30) {
+            last_prune = Instant::now();
+            prune(&mut conn, now_ms() - settings.dedup_window_ms);
+        }
+    }
+}
+
+/// Runs one batch in one transaction. Operations whose reply has to wait
+/// for the commit push a [`Finish`]; on any storage error the whole batch
+/// rolls back (the remaining operations are failed too).
+fn run_batch(
+    conn: &mut Connection,
+    ops: impl Iterator<Item = Op>,
+    forget: bool,
+    finishes: &mut Vec<Finish>,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    let now = now_ms();
+    let (mut acked, mut dead) = (0u64, 0u64);
+    let mut ops = ops;
+    while let Some(op) = ops.next() {
+        let step = run_op(&tx, op, now, forget, &mut acked, &mut dead);
+        match step {
+            Ok(f) => finishes.push(f),
+            Err((e, f)) => {
+                finishes.push(f);
+                for rest in ops {
+                    finishes.push(abandon(rest));
+                }
+                return Err(e);
+            }
+        }
+    }
+    store::bump(&tx, "acked_total", acked)?;
+    store::bump(&tx, "dead_total", dead)?;
+    tx.commit()
+}
+
+type StepError = (rusqlite::Error, Finish);
+
+fn run_op(
+    tx: &rusqlite::Transaction<'_>,
+    op: Op,
+    now: i64,
+    forget: bool,
+    acked: &mut u64,
+    dead: &mut u64,
+) -> Result<Finish, StepError> {
+    // Each arm returns the value to send after commit, or the error that
+    // aborts the batch together with the reply to fail.
+    macro_rules! attempt {
+        ($reply:expr, $e:expr) => {
+            match $e {
+                Ok(v) => v,
+                Err(err) => return Err((err, finish($reply, Err(QueueError::Closed)))),
+            }
+        };
+    }
+    Ok(match op {
+        Op::Enqueue(m, reply) => {
+            let (id, new) = attempt!(reply, store::enqueue(tx, &m));
+            let id = id.to_string();
+            finish(
+                reply,
+                Ok(if new {
+                    Enqueued::New { id }
+                } else {
+                    Enqueued::Duplicate { id }
+                }),
+            )
+        }
+        Op::Claim {
+            max,
+            lease_ms,
+            reply,
+        } => {
+            let token: i64 = rand::random::<i64>() & i64::MAX;
+            let rows: Vec<(i64, Message)> =
+                attempt!(reply, store::claim(tx, max, now, lease_ms, token));
+            let deliveries = rows
+                .into_iter()
+                .map(|(id, message)| Delivery {
+                    message,
+                    receipt: Receipt::Embedded { id, lease: token },
+                })
+                .collect();
+            finish(reply, Ok(deliveries))
+        }
+        Op::Ack { id, lease, reply } => {
+            let ok = attempt!(reply, store::ack(tx, id, lease, now, forget));
+            *acked += u64::from(ok);
+            finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
+        }
+        Op::Unclaim {
+            id,
+            lease,
+            delay_ms,
+            error,
+            reply,
+        } => {
+            let ok = attempt!(
+                reply,
+                store::unclaim(tx, id, lease, now + delay_ms, error.as_deref())
+            );
+            finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
+        }
+        Op::DeadLetter {
+            id,
+            lease,
+            class,
+            error,
+            reply,
+        } => {
+            let ok = attempt!(reply, store::dead_letter(tx, id, lease, now, &class, &error));
+            *dead += u64::from(ok);
+            finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
+        }
+        Op::Replay {
+            ids,
+            max_replays,
+            limit,
+            reply,
+        } => {
+            let done = attempt!(reply, store::replay(tx, &ids, now, max_replays, limit));
+            finish(reply, Ok(done))
+        }
+        Op::Purge { ids, reply } => {
+            let n = attempt!(reply, store::purge(tx, &ids));
+            finish(reply, Ok(n))
+        }
+    })
+}
+
+/// The reply of an operation that never ran because its batch failed.
+fn abandon(op: Op) -> Finish {
+    match op {
+        Op::Enqueue(_, reply) => finish(reply, Err(QueueError::Closed)),
+        Op::Claim { reply, .. } => finish(reply, Err(QueueError::Closed)),
+        Op::Ack { reply, .. } | Op::Unclaim { reply, .. } | Op::DeadLetter { reply, .. } => {
+            finish(reply, Err(QueueError::Closed))
+        }
+        Op::Replay { reply, .. } => finish(reply, Err(QueueError::Closed)),
+        Op::Purge { reply, .. } => finish(reply, Err(QueueError::Closed)),
+    }
+}
+
+fn prune(conn: &mut Connection, before_ms: i64) {
+    let result = conn
+        .transaction()
+        .and_then(|tx| {
+            let n = store::prune_acked(&tx, before_ms, 10_000)?;
+            tx.commit().map(|()| n)
+        });
+    match result {
+        Ok(0) => {}
+        Ok(n) => tracing::debug!(pruned = n, "forgot acked messages past the dedup window"),
+        Err(e) => tracing::warn!(error = %e, "pruning acked messages failed"),
+    }
+}

@@ -1,0 +1,372 @@
+//! Sources: the configured issuers of webhooks, compiled for the hot path.
+//!
+//! A [`SourceConfig`] names a scheme, its secrets and where the event id and
+//! entity key live. [`Source::compile`] resolves the secrets (inline, from an
+//! environment variable, from a file), builds the signature [`Verifier`] and
+//! parses the extractors once, so the ingress does no parsing of config per
+//! request.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use breakwater_verify::{Algorithm, Encoding, HmacScheme, Scheme, Verifier};
+use http::{HeaderMap, HeaderName};
+use sha2::{Digest, Sha256};
+
+use crate::config::{HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig};
+
+/// Headers kept with a message besides those the source's extractors name.
+const KEPT_HEADERS: &[&str] = &[
+    "content-type",
+    "x-github-event",
+    "x-shopify-topic",
+    "x-shopify-shop-domain",
+    "stripe-account",
+];
+
+/// Where a value comes from: a JSON pointer into the body or a header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extractor {
+    Json(String),
+    Header(HeaderName),
+}
+
+impl Extractor {
+    /// Parses `json:/pointer` or `header:Name`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        if let Some(pointer) = spec.strip_prefix("json:") {
+            if !(pointer.is_empty() || pointer.starts_with('/')) {
+                return Err(format!(
+                    "\"{spec}\": a JSON pointer starts with '/', e.g. json:/data/object/id"
+                ));
+            }
+            Ok(Self::Json(pointer.to_owned()))
+        } else if let Some(name) = spec.strip_prefix("header:") {
+            HeaderName::from_bytes(name.trim().as_bytes())
+                .map(Self::Header)
+                .map_err(|_| format!("\"{spec}\": \"{name}\" is not a valid header name"))
+        } else {
+            Err(format!(
+                "\"{spec}\": expected \"json:/pointer\" or \"header:Name\""
+            ))
+        }
+    }
+
+    /// Extracts the value as text; `json` is the body parsed at most once.
+    pub fn extract(
+        &self,
+        headers: &HeaderMap,
+        json: &mut LazyJson<'_>,
+    ) -> Option<String> {
+        match self {
+            Self::Header(name) => headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            Self::Json(pointer) => json.get()?.pointer(pointer).and_then(json_to_text),
+        }
+    }
+}
+
+/// Renders a JSON value as a key: strings as they are, numbers and booleans
+/// as text, null as absent, anything else as compact JSON.
+pub fn json_to_text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::Bool(b) => Some(b.to_string()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// A body parsed as JSON on first use, at most once.
+pub struct LazyJson<'a> {
+    body: &'a [u8],
+    parsed: Option<Option<serde_json::Value>>,
+}
+
+impl<'a> LazyJson<'a> {
+    pub fn new(body: &'a [u8]) -> Self {
+        Self { body, parsed: None }
+    }
+
+    pub fn get(&mut self) -> Option<&serde_json::Value> {
+        self.parsed
+            .get_or_insert_with(|| serde_json::from_slice(self.body).ok())
+            .as_ref()
+    }
+}
+
+/// Why a source could not be built from its config.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("source \"{source_name}\": environment variable {var} is not set")]
+    MissingEnv { source_name: String, var: String },
+    #[error("source \"{source_name}\": cannot read secrets file {path}: {error}")]
+    SecretsFile {
+        source_name: String,
+        path: String,
+        error: std::io::Error,
+    },
+    #[error("source \"{source_name}\": {message}")]
+    Key {
+        source_name: String,
+        message: String,
+    },
+    #[error("source \"{source_name}\": {message}")]
+    Extractor {
+        source_name: String,
+        message: String,
+    },
+}
+
+/// A source ready for the hot path.
+#[derive(Debug)]
+pub struct Source {
+    pub name: Arc<str>,
+    pub verifier: Verifier,
+    /// Where the event id is; `None`: a hash of the body.
+    pub event_id: Option<Extractor>,
+    pub entity_key: Option<Extractor>,
+    pub statements: Vec<StatementConfig>,
+    /// Headers stored with each message (lower-case).
+    pub kept_headers: Vec<HeaderName>,
+}
+
+/// What the ingress extracts from a verified request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub event_id: String,
+    pub entity_key: Option<String>,
+}
+
+impl Source {
+    /// Builds a source, resolving its secrets with `env`.
+    pub fn compile(
+        config: &SourceConfig,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, SourceError> {
+        let name = config.name.clone();
+        let mut secrets: Vec<String> = config.secrets.clone();
+        if let Some(var) = &config.secrets_env {
+            let value = env(var).ok_or_else(|| SourceError::MissingEnv {
+                source_name: name.clone(),
+                var: var.clone(),
+            })?;
+            secrets.extend(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        if let Some(path) = &config.secrets_file {
+            let text = std::fs::read_to_string(path).map_err(|error| SourceError::SecretsFile {
+                source_name: name.clone(),
+                path: path.display().to_string(),
+                error,
+            })?;
+            secrets.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+            );
+        }
+        let scheme = scheme_of(config);
+        let default_id_header = breakwater_verify::default_event_id_header(&scheme);
+        let verifier = Verifier::new(scheme, &secrets).map_err(|e| SourceError::Key {
+            source_name: name.clone(),
+            message: e.to_string(),
+        })?;
+        let parse = |spec: &str| {
+            Extractor::parse(spec).map_err(|message| SourceError::Extractor {
+                source_name: name.clone(),
+                message,
+            })
+        };
+        let event_id = match (&config.event_id, config.scheme) {
+            (Some(spec), _) => Some(parse(spec)?),
+            // Stripe puts the event id in the body.
+            (None, SchemeName::Stripe) => Some(Extractor::Json("/id".to_owned())),
+            (None, _) => {
+                default_id_header.map(|h| Extractor::Header(HeaderName::from_static(h)))
+            }
+        };
+        let entity_key = config.entity_key.as_deref().map(parse).transpose()?;
+        let mut kept_headers: Vec<HeaderName> =
+            KEPT_HEADERS.iter().map(|h| HeaderName::from_static(h)).collect();
+        for st in &config.statements {
+            for spec in st.params.values() {
+                if let Extractor::Header(h) = parse(spec)? {
+                    if !kept_headers.contains(&h) {
+                        kept_headers.push(h);
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            name: Arc::from(name.as_str()),
+            verifier,
+            event_id,
+            entity_key,
+            statements: config.statements.clone(),
+            kept_headers,
+        })
+    }
+
+    /// Extracts the event id (falling back to a hash of the body) and the
+    /// entity key. Never fails: a signed webhook is never refused because a
+    /// field is missing; the sink decides what a malformed payload means.
+    pub fn identify(&self, headers: &HeaderMap, body: &[u8]) -> Identity {
+        let mut json = LazyJson::new(body);
+        let event_id = self
+            .event_id
+            .as_ref()
+            .and_then(|e| e.extract(headers, &mut json))
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| body_hash_id(body));
+        let entity_key = self
+            .entity_key
+            .as_ref()
+            .and_then(|e| e.extract(headers, &mut json));
+        Identity {
+            event_id,
+            entity_key,
+        }
+    }
+
+    /// The headers worth keeping with the message.
+    pub fn keep_headers(&self, headers: &HeaderMap) -> Vec<(String, String)> {
+        self.kept_headers
+            .iter()
+            .filter_map(|name| {
+                let v = headers.get(name)?.to_str().ok()?;
+                Some((name.as_str().to_owned(), v.to_owned()))
+            })
+            .collect()
+    }
+}
+
+/// The id of a webhook whose source gives none: `sha256:<hex of body>`.
+pub fn body_hash_id(body: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(body)))
+}
+
+fn scheme_of(config: &SourceConfig) -> Scheme {
+    let tolerance = |default: u64| Duration::from_secs(config.tolerance_secs.unwrap_or(default));
+    match config.scheme {
+        SchemeName::Stripe => Scheme::Stripe {
+            tolerance: tolerance(300),
+        },
+        SchemeName::Shopify => Scheme::Shopify,
+        SchemeName::Github => Scheme::GitHub,
+        SchemeName::Standard => Scheme::Standard {
+            tolerance: tolerance(300),
+        },
+        SchemeName::Hmac => Scheme::Hmac(HmacScheme {
+            header: config.header.clone().unwrap_or_default(),
+            algorithm: match config.algorithm {
+                HmacAlgorithm::Sha256 => Algorithm::Sha256,
+                HmacAlgorithm::Sha1 => Algorithm::Sha1,
+            },
+            encoding: match config.encoding {
+                HmacEncoding::Hex => Encoding::Hex,
+                HmacEncoding::Base64 => Encoding::Base64,
+            },
+            prefix: config.prefix.clone(),
+        }),
+    }
+}
+
+/// All sources by name.
+pub type Sources = HashMap<String, Arc<Source>>;
+
+/// Compiles every configured source.
+pub fn compile_all(configs: &[SourceConfig]) -> Result<Sources, SourceError> {
+    configs
+        .iter()
+        .map(|c| {
+            Source::compile(c, |v| std::env::var(v).ok())
+                .map(|s| (c.name.clone(), Arc::new(s)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn github(event_id: Option<&str>, entity: Option<&str>) -> SourceConfig {
+        SourceConfig {
+            name: "gh".into(),
+            scheme: SchemeName::Github,
+            secrets: vec!["s3cret".into()],
+            secrets_env: None,
+            secrets_file: None,
+            tolerance_secs: None,
+            header: None,
+            algorithm: HmacAlgorithm::Sha256,
+            encoding: HmacEncoding::Hex,
+            prefix: None,
+            event_id: event_id.map(str::to_owned),
+            entity_key: entity.map(str::to_owned),
+            statements: vec![],
+        }
+    }
+
+    #[test]
+    fn scheme_default_id_header_is_used() {
+        let s = Source::compile(&github(None, Some("json:/order/id")), |_| None).expect("ok");
+        let mut h = HeaderMap::new();
+        h.insert("x-github-delivery", "d-1".parse().expect("hv"));
+        let id = s.identify(&h, br#"{"order":{"id":1042}}"#);
+        assert_eq!(id.event_id, "d-1");
+        assert_eq!(id.entity_key.as_deref(), Some("1042"));
+    }
+
+    #[test]
+    fn missing_id_falls_back_to_body_hash() {
+        let s = Source::compile(&github(Some("json:/id"), None), |_| None).expect("ok");
+        let body = br#"{"no_id":true}"#;
+        let id = s.identify(&HeaderMap::new(), body);
+        assert_eq!(id.event_id, body_hash_id(body));
+        assert!(id.event_id.starts_with("sha256:"));
+        assert_eq!(id.entity_key, None);
+    }
+
+    #[test]
+    fn secrets_from_env_are_split() {
+        let mut c = github(None, None);
+        c.secrets.clear();
+        c.secrets_env = Some("GH_SECRETS".into());
+        let s = Source::compile(&c, |v| (v == "GH_SECRETS").then(|| "a, b".to_owned()));
+        assert!(s.is_ok());
+        let missing = Source::compile(&c, |_| None).unwrap_err();
+        assert!(missing.to_string().contains("GH_SECRETS"));
+    }
+
+    #[test]
+    fn no_secret_at_all_is_an_error() {
+        let mut c = github(None, None);
+        c.secrets.clear();
+        assert!(Source::compile(&c, |_| None).is_err());
+    }
+
+    #[test]
+    fn extractor_parsing() {
+        assert_eq!(
+            Extractor::parse("json:/a/b"),
+            Ok(Extractor::Json("/a/b".into()))
+        );
+        assert!(matches!(
+            Extractor::parse("header:X-Id"),
+            Ok(Extractor::Header(_))
+        ));
+        assert!(Extractor::parse("json:a").is_err());
+        assert!(Extractor::parse("query:a").is_err());
+    }
+}

@@ -1,0 +1,34 @@
+//! Every metric name Breakwater emits, in one place.
+//!
+//! Names follow Prometheus conventions (`_total` for counters, base units).
+//! Handles for hot paths are registered once (see `ingress::routes`), so a
+//! request pays an atomic add, not a label lookup.
+
+/// Webhooks received, by `source` and `outcome`
+/// (accepted, duplicate, unauthorized, stale, too_large, unavailable).
+pub const INGRESS_REQUESTS: &str = "breakwater_ingress_requests_total";
+/// Time from request to answer for accepted webhooks, in seconds.
+pub const INGRESS_SECONDS: &str = "breakwater_ingress_request_seconds";
+/// Duration of one group commit of the embedded queue, in seconds.
+pub const QUEUE_COMMIT_SECONDS: &str = "breakwater_queue_commit_seconds";
+/// Operations per group commit of the embedded queue.
+pub const QUEUE_COMMIT_BATCH: &str = "breakwater_queue_commit_batch_size";
+/// Queue gauges, by `state` (visible, in_flight, delayed, dead_lettered).
+pub const QUEUE_MESSAGES: &str = "breakwater_queue_messages";
+/// Age of the oldest visible message, in seconds.
+pub const QUEUE_OLDEST_AGE_SECONDS: &str = "breakwater_queue_oldest_visible_age_seconds";
+/// Worker outcomes, by `source` and `outcome`
+/// (applied, duplicate, retried, dead_lettered, released).
+pub const WORKER_MESSAGES: &str = "breakwater_worker_messages_total";
+/// Sink apply latency, in seconds.
+pub const SINK_APPLY_SECONDS: &str = "breakwater_sink_apply_seconds";
+/// Sink failures by `class` (dependency, permanent) and `kind`.
+pub const SINK_FAILURES: &str = "breakwater_sink_failures_total";
+/// Breaker state as a number: 0 closed, 1 open, 2 half-open.
+pub const BREAKER_STATE: &str = "breakwater_breaker_state";
+/// Breaker concurrency limit.
+pub const BREAKER_LIMIT: &str = "breakwater_breaker_concurrency_limit";
+/// Breaker transitions, by `to`.
+pub const BREAKER_TRANSITIONS: &str = "breakwater_breaker_transitions_total";
+/// Database sessions waiting on a lock (PostgreSQL sink).
+pub const DB_LOCK_WAITERS: &str = "breakwater_db_lock_waiters";

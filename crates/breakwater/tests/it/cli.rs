@@ -1,0 +1,61 @@
+//! The command line: `config check` on good and broken files, `queue stats`.
+
+use std::process::Command;
+
+use crate::utils::*;
+
+fn breakwater(args: &[&str]) -> std::process::Output {
+    Command::new(binary())
+        .args(args)
+        .env_remove("BREAKWATER_CONFIG")
+        .output()
+        .expect("run breakwater")
+}
+
+#[test]
+fn config_check_prints_effective_config_without_secrets() {
+    let sandbox = Sandbox::new("");
+    let out = breakwater(&["config", "check", "--config", sandbox.config_path().to_str().expect("utf8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("name = \"stripe\""), "{text}");
+    assert!(text.contains("<redacted>"));
+    assert!(!text.contains(STRIPE_SECRET), "a secret was printed");
+}
+
+#[test]
+fn broken_config_names_key_and_line_and_fails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[ingress]\nlisten = \"127.0.0.1:0\"\n\n[workers]\nmax_concurency = 4\n")
+        .expect("write");
+    let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_concurency"), "{err}");
+    assert!(err.contains("line 5"), "{err}");
+}
+
+#[test]
+fn missing_secret_env_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "[[source]]\nname = \"s\"\nscheme = \"github\"\nsecrets_env = \"BW_TEST_UNSET_SECRET\"\n",
+    )
+    .expect("write");
+    let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("BW_TEST_UNSET_SECRET"));
+}
+
+#[test]
+fn queue_stats_reads_the_store() {
+    let sandbox = Sandbox::new("");
+    let out = breakwater(&["queue", "stats", "--json", "--config", sandbox.config_path().to_str().expect("utf8")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["visible"], 0);
+    assert_eq!(v["dead_lettered"], 0);
+}

@@ -1,0 +1,162 @@
+//! The ingress over real HTTP against the real binary: every scheme
+//! accepted when signed right, every refusal with its status and JSON body,
+//! and nothing enqueued for a refused webhook.
+
+use breakwater_verify::{Algorithm, Encoding, HmacScheme, Scheme};
+use http::{HeaderName, HeaderValue, StatusCode};
+
+use crate::utils::*;
+
+async fn visible(http: &Http, server: &Server) -> u64 {
+    queue_stats(http, server).await["visible"]
+        .as_u64()
+        .expect("visible")
+}
+
+#[tokio::test]
+async fn stripe_accepted_then_duplicate() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    let http = Http::default();
+    let body = stripe_event("evt_1", "1042");
+    let a = http
+        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    assert_eq!(a.json()["status"], "accepted");
+    assert_eq!(a.json()["event_id"], "evt_1");
+    assert_eq!(visible(&http, &server).await, 1);
+
+    let again = http
+        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body)
+        .await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.json()["status"], "duplicate");
+    assert_eq!(again.json()["id"], a.json()["id"]);
+    assert_eq!(visible(&http, &server).await, 1, "not enqueued twice");
+}
+
+#[tokio::test]
+async fn every_scheme_accepts_a_real_signature() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    let http = Http::default();
+    let now = unix_now();
+    let body = br#"{"id": 7, "repository": {"id": 99}}"#.to_vec();
+    let generic = Scheme::Hmac(HmacScheme {
+        header: "X-Signature".into(),
+        algorithm: Algorithm::Sha1,
+        encoding: Encoding::Base64,
+        prefix: Some("sha1=".into()),
+    });
+    let cases: Vec<(&str, Scheme, &str)> = vec![
+        ("github", Scheme::GitHub, GITHUB_SECRET),
+        ("shopify", Scheme::Shopify, SHOPIFY_SECRET),
+        ("standard", Scheme::standard(), STANDARD_SECRET),
+        ("generic", generic, HMAC_SECRET),
+    ];
+    for (i, (source, scheme, secret)) in cases.into_iter().enumerate() {
+        let id = format!("delivery-{i}");
+        let mut headers = breakwater_verify::sign(&scheme, secret, &body, now, &id).expect("sign");
+        headers.push((
+            HeaderName::from_static("x-event-id"),
+            HeaderValue::from_str(&id).expect("hv"),
+        ));
+        let a = http
+            .post(&server.url(&format!("/webhooks/{source}")), &headers, body.clone())
+            .await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{source}: {:?}", a.body);
+        assert_eq!(a.json()["event_id"], id.as_str(), "{source} event id from its header");
+    }
+    assert_eq!(visible(&http, &server).await, 4);
+}
+
+#[tokio::test]
+async fn refusals_answer_json_and_enqueue_nothing() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    let http = Http::default();
+    let url = server.url("/webhooks/stripe");
+    let body = stripe_event("evt_bad", "1");
+
+    // Unknown source.
+    let a = http
+        .post(&server.url("/webhooks/nope"), &stripe_headers(&body, unix_now()), body.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.json()["error"], "unknown_source");
+
+    // Missing signature.
+    let a = http.post(&url, &[], body.clone()).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(a.json()["error"], "unauthorized");
+    assert!(a.json()["detail"].as_str().is_some_and(|d| !d.is_empty()));
+
+    // Wrong secret.
+    let forged = breakwater_verify::sign(&Scheme::stripe(), "whsec_wrong", &body, unix_now(), "")
+        .expect("sign");
+    let a = http.post(&url, &forged, body.clone()).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+
+    // Tampered body.
+    let headers = stripe_headers(&body, unix_now());
+    let a = http.post(&url, &headers, stripe_event("evt_bad", "2")).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+
+    // Stale timestamp (an hour old).
+    let a = http
+        .post(&url, &stripe_headers(&body, unix_now() - 3600), body.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(a.json()["error"], "stale");
+
+    // Body over the 4096-byte limit of the test config.
+    let big = stripe_event(&"x".repeat(5000), "1");
+    let a = http.post(&url, &stripe_headers(&big, unix_now()), big).await;
+    assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(a.json()["error"], "too_large");
+
+    assert_eq!(visible(&http, &server).await, 0, "nothing refused was enqueued");
+    let stats = queue_stats(&http, &server).await;
+    assert_eq!(stats["in_flight"], 0);
+    assert_eq!(stats["dead_lettered"], 0);
+}
+
+#[tokio::test]
+async fn queue_that_cannot_commit_answers_503_with_retry_after() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    let http = Http::default();
+    // Another process holds the store's write lock: the writer's commit
+    // waits out its busy timeout and fails.
+    let blocker = rusqlite::Connection::open(sandbox.queue_db()).expect("open store");
+    blocker
+        .execute_batch("BEGIN EXCLUSIVE; INSERT INTO counters VALUES ('blocker', 1);")
+        .expect("lock");
+    let body = stripe_event("evt_503", "1");
+    let a = http
+        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body.clone())
+        .await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
+    assert_eq!(a.json()["error"], "unavailable");
+    assert!(a.headers.contains_key(http::header::RETRY_AFTER));
+    blocker.execute_batch("ROLLBACK").expect("unlock");
+
+    // Once the store is free again, the issuer's retry is accepted.
+    let a = http
+        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body)
+        .await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    assert_eq!(visible(&http, &server).await, 1);
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    let http = Http::default();
+    assert_eq!(http.get(&server.url("/healthz")).await.status, StatusCode::OK);
+    assert_eq!(http.get(&server.url("/readyz")).await.status, StatusCode::OK);
+    let metrics = http.get(&server.admin_url("/metrics")).await;
+    assert_eq!(metrics.status, StatusCode::OK);
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real binary over real sockets, and (for the
+//! sink and worker tests) a real PostgreSQL. One test binary, modules per
+//! area, helpers in `utils`.
+
+#![allow(unreachable_pub)]
+
+mod cli;
+mod crash;
+mod ingress;
+mod utils;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: starts the services the tests
+# need if they are not running, then runs every test of the workspace.
+#
+#   scripts/test.sh            # everything
+#   scripts/test.sh -p breakwater-control   # extra args go to cargo test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '==> %s\n' "$*" >&2; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# PostgreSQL (sink tests): 127.0.0.1:5432, trust auth, database "test".
+ensure_postgres() {
+  if port_open 5432; then return 0; fi
+  say "PostgreSQL is not running; starting it"
+  if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  fi
+  local version
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  for _ in $(seq 1 30); do port_open 5432 && break; sleep 1; done
+  port_open 5432 || { say "PostgreSQL did not start"; return 1; }
+  psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+    || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
+}
+
+ensure_postgres
+
+say "cargo test --workspace"
+cargo test --workspace --all-targets "$@"
+# Doc tests are not part of --all-targets.
+cargo test --workspace --doc "$@"
