@@ -43,7 +43,7 @@ fn record_outcome(b: Bencher) {
     b.bench_local(|| {
         i = i.wrapping_add(1);
         let now = t0 + Duration::from_micros(i % 10_000_000);
-        let o = if i % 8 == 0 {
+        let o = if i & 7 == 0 {
             Outcome::dependency(Duration::from_millis(3))
         } else {
             Outcome::success(Duration::from_millis(3))

@@ -75,7 +75,7 @@ impl BackoffPolicy {
         let t = if attempt >= 64 {
             u64::MAX
         } else {
-            base.checked_mul(1u64 << attempt).unwrap_or(u64::MAX)
+            base.saturating_mul(1u64 << attempt)
         };
         Duration::from_nanos(t.min(cap))
     }

@@ -137,7 +137,12 @@ impl Breaker<LocalProbeAdmission> {
     /// A closed breaker with local probe admission and an OS-seeded RNG for
     /// the cool-down jitter.
     pub fn new(config: BreakerConfig, now: Instant) -> Result<Self, ConfigError> {
-        Self::build(config, LocalProbeAdmission::new(), SmallRng::from_os_rng(), now)
+        Self::build(
+            config,
+            LocalProbeAdmission::new(),
+            SmallRng::from_os_rng(),
+            now,
+        )
     }
 
     /// Like [`Breaker::new`] with a fixed RNG seed (reproducible tests).
@@ -266,11 +271,7 @@ impl<A: ProbeAdmission> Breaker<A> {
         if self.state != State::HalfOpen || self.manual.is_some() || self.cfg.dry_run {
             return None;
         }
-        let limit = self
-            .cfg
-            .half_open
-            .max_probes
-            .min(self.cfg.max_concurrency);
+        let limit = self.cfg.half_open.max_probes.min(self.cfg.max_concurrency);
         self.admission.try_admit_probe(self.period, limit, now)
     }
 
@@ -344,7 +345,11 @@ impl<A: ProbeAdmission> Breaker<A> {
         match self.state {
             State::Open => (in_state >= self.cool_down).then(|| {
                 let cool_down_ms = millis(self.cool_down);
-                self.go(State::HalfOpen, Reason::CoolDownElapsed { cool_down_ms }, now)
+                self.go(
+                    State::HalfOpen,
+                    Reason::CoolDownElapsed { cool_down_ms },
+                    now,
+                )
             }),
             State::HalfOpen => {
                 if let Some(r) = self.first_trip(now) {
@@ -375,9 +380,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                     _ => Some(self.go(State::Closed, Reason::RampComplete { held_ms }, now)),
                 }
             }
-            State::Closed => self
-                .first_trip(now)
-                .map(|r| self.go(State::Open, r, now)),
+            State::Closed => self.first_trip(now).map(|r| self.go(State::Open, r, now)),
         }
     }
 
@@ -459,7 +462,13 @@ impl<A: ProbeAdmission> Breaker<A> {
             ramp: (self.state == State::Ramping).then(|| RampStatus {
                 step: self.ramp_step,
                 steps: self.cfg.ramp.steps.len(),
-                fraction: self.cfg.ramp.steps.get(self.ramp_step).copied().unwrap_or(1.0),
+                fraction: self
+                    .cfg
+                    .ramp
+                    .steps
+                    .get(self.ramp_step)
+                    .copied()
+                    .unwrap_or(1.0),
                 held_ms: millis(in_state),
                 hold_ms: self.cfg.ramp.hold_ms,
             }),

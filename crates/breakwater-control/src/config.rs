@@ -15,21 +15,31 @@
 #[cfg(feature = "serde")]
 use serde::{Deserialize, Serialize};
 
-/// A configuration key holds a value the breaker cannot work with.
+/// Why a configuration was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("breaker.{key}: {problem}")]
-pub struct ConfigError {
-    /// Dotted path of the bad key below `[breaker]`, e.g. `ramp.steps`.
-    pub key: &'static str,
-    /// What is wrong and what would be accepted.
-    pub problem: String,
+pub enum ConfigError {
+    /// A key holds a value the breaker cannot work with.
+    #[error("breaker.{key}: {problem}")]
+    Invalid {
+        /// Dotted path of the bad key below `[breaker]`, e.g. `ramp.steps`.
+        key: &'static str,
+        /// What is wrong and what would be accepted.
+        problem: String,
+    },
 }
 
 impl ConfigError {
     fn new(key: &'static str, problem: impl Into<String>) -> Self {
-        Self {
+        Self::Invalid {
             key,
             problem: problem.into(),
+        }
+    }
+
+    /// Dotted path of the bad key below `[breaker]`.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::Invalid { key, .. } => key,
         }
     }
 }
@@ -387,7 +397,10 @@ fn ratio(key: &'static str, v: f64) -> Result<(), ConfigError> {
     if (0.0..=1.0).contains(&v) {
         Ok(())
     } else {
-        Err(ConfigError::new(key, format!("{v} is not a ratio in 0.0..=1.0")))
+        Err(ConfigError::new(
+            key,
+            format!("{v} is not a ratio in 0.0..=1.0"),
+        ))
     }
 }
 
@@ -422,7 +435,10 @@ impl BreakerConfig {
 
         let h = &self.half_open;
         positive("half_open.max_probes", u64::from(h.max_probes))?;
-        positive("half_open.successes_to_close", u64::from(h.successes_to_close))?;
+        positive(
+            "half_open.successes_to_close",
+            u64::from(h.successes_to_close),
+        )?;
         positive("half_open.probe_timeout_ms", h.probe_timeout_ms)?;
 
         let mut prev = 0.0;
@@ -460,7 +476,10 @@ impl BreakerConfig {
         ratio("in_flight.ratio", i.ratio)?;
         ratio("in_flight.throughput_fraction", i.throughput_fraction)?;
         positive("in_flight.window_secs", i.window_secs)?;
-        positive("in_flight.baseline_half_life_secs", i.baseline_half_life_secs)?;
+        positive(
+            "in_flight.baseline_half_life_secs",
+            i.baseline_half_life_secs,
+        )?;
         if !(i.min_baseline_per_sec.is_finite() && i.min_baseline_per_sec >= 0.0) {
             return Err(ConfigError::new(
                 "in_flight.min_baseline_per_sec",
@@ -473,7 +492,10 @@ impl BreakerConfig {
         ratio("lock_wait.fraction", l.fraction)?;
         positive("lock_wait.heartbeat_ttl_ms", l.heartbeat_ttl_ms)?;
 
-        positive("db_lock_waiters.sample_ttl_ms", self.db_lock_waiters.sample_ttl_ms)?;
+        positive(
+            "db_lock_waiters.sample_ttl_ms",
+            self.db_lock_waiters.sample_ttl_ms,
+        )?;
         Ok(())
     }
 }
@@ -491,28 +513,36 @@ mod tests {
     fn validate_names_the_bad_key() {
         let mut c = BreakerConfig::default();
         c.ramp.steps = vec![0.5, 0.25];
-        let e = c.validate().err().map(|e| e.key);
+        let e = c.validate().err().map(|e| e.key());
         assert_eq!(e, Some("ramp.steps"));
 
         let mut c = BreakerConfig::default();
         c.failure_ratio.threshold = 1.5;
         let e = c.validate().err();
-        assert_eq!(e.as_ref().map(|e| e.key), Some("failure_ratio.threshold"));
-        assert!(e.map(|e| e.to_string()).unwrap_or_default().starts_with(
-            "breaker.failure_ratio.threshold: 1.5"
-        ));
+        assert_eq!(e.as_ref().map(|e| e.key()), Some("failure_ratio.threshold"));
+        assert!(
+            e.map(|e| e.to_string())
+                .unwrap_or_default()
+                .starts_with("breaker.failure_ratio.threshold: 1.5")
+        );
 
         let mut c = BreakerConfig::default();
         c.cool_down.cap_ms = 1;
-        assert_eq!(c.validate().err().map(|e| e.key), Some("cool_down.cap_ms"));
+        assert_eq!(
+            c.validate().err().map(|e| e.key()),
+            Some("cool_down.cap_ms")
+        );
 
         let mut c = BreakerConfig::default();
         c.half_open.max_probes = 0;
-        assert_eq!(c.validate().err().map(|e| e.key), Some("half_open.max_probes"));
+        assert_eq!(
+            c.validate().err().map(|e| e.key()),
+            Some("half_open.max_probes")
+        );
 
         let mut c = BreakerConfig::default();
         c.ramp.steps = vec![0.1, f64::NAN];
-        assert_eq!(c.validate().err().map(|e| e.key), Some("ramp.steps"));
+        assert_eq!(c.validate().err().map(|e| e.key()), Some("ramp.steps"));
     }
 
     #[cfg(feature = "serde")]

@@ -96,7 +96,13 @@ impl GateSnapshot {
 
     /// Same decision for workers (everything but the generation).
     pub(crate) fn same_decision(&self, other: &Self) -> bool {
-        Self { generation: 0, ..*self } == Self { generation: 0, ..*other }
+        Self {
+            generation: 0,
+            ..*self
+        } == Self {
+            generation: 0,
+            ..*other
+        }
     }
 
     pub(crate) fn next_generation(&self) -> u32 {

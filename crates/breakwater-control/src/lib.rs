@@ -67,9 +67,8 @@ mod window;
 pub use backoff::{BackoffPolicy, Jitter};
 pub use breaker::Breaker;
 pub use config::{
-    BreakerConfig, ConfigError, CoolDownConfig, DbLockWaitersConfig, DlqConfig,
-    FailureRatioConfig, HalfOpenConfig, InFlightConfig, LockWaitConfig, RampConfig,
-    SlowCallConfig,
+    BreakerConfig, ConfigError, CoolDownConfig, DbLockWaitersConfig, DlqConfig, FailureRatioConfig,
+    HalfOpenConfig, InFlightConfig, LockWaitConfig, RampConfig, SlowCallConfig,
 };
 pub use gate::{GateSnapshot, SharedGate};
 pub use probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};

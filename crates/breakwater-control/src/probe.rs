@@ -120,7 +120,10 @@ mod tests {
         assert_eq!(a.try_admit_probe(1, 2, now), None);
         assert_eq!(a.outstanding(1), 2);
         assert!(t1.is_some_and(|t| a.complete_probe(t, now)));
-        assert!(t1.is_some_and(|t| !a.complete_probe(t, now)), "double completion");
+        assert!(
+            t1.is_some_and(|t| !a.complete_probe(t, now)),
+            "double completion"
+        );
         assert!(a.try_admit_probe(1, 2, now).is_some());
         assert_eq!(a.oldest_outstanding(1), Some(now));
         assert_eq!(a.oldest_outstanding(2), None);

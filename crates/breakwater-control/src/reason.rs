@@ -318,7 +318,10 @@ mod tests {
             window_secs: 60,
             calls: 57,
         };
-        assert_eq!(r.to_string(), "failure ratio 0.42 > 0.15 over 60 s, 57 calls");
+        assert_eq!(
+            r.to_string(),
+            "failure ratio 0.42 > 0.15 over 60 s, 57 calls"
+        );
     }
 
     #[test]
@@ -337,7 +340,10 @@ mod tests {
             note: "migration".into(),
             ttl_ms: Some(60_000),
         };
-        assert_eq!(r.to_string(), "forced open by operator (migration) for 60 s");
+        assert_eq!(
+            r.to_string(),
+            "forced open by operator (migration) for 60 s"
+        );
         let r = Reason::DbLockWaiters {
             count: 14,
             threshold: 10,

@@ -88,7 +88,11 @@ fn config() -> impl Strategy<Value = BreakerConfig> {
 /// The limit workers may poll with, probes aside.
 fn polling_limit(b: &Breaker) -> u32 {
     let g = b.gate();
-    if g.may_poll && !g.probe_only { g.limit } else { 0 }
+    if g.may_poll && !g.probe_only {
+        g.limit
+    } else {
+        0
+    }
 }
 
 fn check_growth(

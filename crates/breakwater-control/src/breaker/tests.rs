@@ -66,7 +66,10 @@ impl H {
     fn probes_succeed(&mut self) -> Transition {
         for _ in 0..self.b.config().half_open.successes_to_close {
             let ticket = self.b.try_admit_probe(self.now).expect("slot");
-            if let Some(t) = self.b.record_probe_outcome(ticket, Outcome::success(FAST), self.now) {
+            if let Some(t) = self
+                .b
+                .record_probe_outcome(ticket, Outcome::success(FAST), self.now)
+            {
                 return t;
             }
         }
@@ -92,7 +95,7 @@ fn invalid_config_is_refused() {
     let mut c = cfg();
     c.max_concurrency = 0;
     let e = Breaker::new(c, Instant::now()).err();
-    assert_eq!(e.map(|e| e.key), Some("max_concurrency"));
+    assert_eq!(e.map(|e| e.key()), Some("max_concurrency"));
 }
 
 #[test]
@@ -102,7 +105,10 @@ fn failure_ratio_opens_with_a_reason_naming_value_and_threshold() {
     h.outcomes(24, Outcome::dependency(FAST));
     let t = h.tick(100).expect("trips");
     assert_eq!((t.from, t.to), (State::Closed, State::Open));
-    assert_eq!(t.reason.to_string(), "failure ratio 0.42 > 0.15 over 60 s, 57 calls");
+    assert_eq!(
+        t.reason.to_string(),
+        "failure ratio 0.42 > 0.15 over 60 s, 57 calls"
+    );
     assert_eq!(t.limit, 0);
     assert!(!t.dry_run);
     let g = h.b.shared_gate().load();
@@ -154,7 +160,10 @@ fn a_thousand_poison_messages_do_not_trip() {
     let s = h.b.status(h.now);
     assert_eq!(s.state, State::Closed);
     // The DLQ signal sees them (1000 / 60 s) but is disabled by default.
-    let dlq = s.signals.iter().find(|x| x.signal == SignalKind::DlqVelocity);
+    let dlq = s
+        .signals
+        .iter()
+        .find(|x| x.signal == SignalKind::DlqVelocity);
     assert!(dlq.is_some_and(|d| !d.enabled && d.value.is_some_and(|v| v > 16.0)));
 }
 
@@ -190,9 +199,15 @@ fn half_open_never_admits_more_than_n_probes() {
     assert_eq!(h.b.try_admit_probe(h.now), None);
     assert_eq!(h.b.outstanding_probes(), 2);
     let a = a.expect("admitted");
-    assert_eq!(h.b.record_probe_outcome(a, Outcome::success(FAST), h.now), None);
+    assert_eq!(
+        h.b.record_probe_outcome(a, Outcome::success(FAST), h.now),
+        None
+    );
     // Reporting the same ticket twice frees nothing and counts nothing.
-    assert_eq!(h.b.record_probe_outcome(a, Outcome::success(FAST), h.now), None);
+    assert_eq!(
+        h.b.record_probe_outcome(a, Outcome::success(FAST), h.now),
+        None
+    );
     assert_eq!(h.b.status(h.now).half_open.map(|x| x.successes), Some(1));
     assert!(h.b.try_admit_probe(h.now).is_some());
     assert_eq!(h.b.try_admit_probe(h.now), None);
@@ -224,7 +239,10 @@ fn probe_successes_start_the_ramp_which_walks_10_25_50_100_then_closes() {
     }
     assert_eq!(limits, vec![10, 25, 50, 100, 100]);
     assert_eq!(reasons[0], "ramp 10% -> 25% after 30.0 s healthy");
-    assert_eq!(reasons[3], "ramp complete after 30.0 s healthy on the last step");
+    assert_eq!(
+        reasons[3],
+        "ramp complete after 30.0 s healthy on the last step"
+    );
     let s = h.b.status(h.now);
     assert_eq!(s.state, State::Closed);
     assert_eq!(s.opens_since_close, 0);
@@ -262,7 +280,8 @@ fn cool_down_is_capped_and_reset_after_a_full_close() {
     for _ in 0..5 {
         h.wait_half_open();
         let ticket = h.b.try_admit_probe(h.now).expect("slot");
-        let t = h.b.record_probe_outcome(ticket, Outcome::dependency(FAST), h.now);
+        let t =
+            h.b.record_probe_outcome(ticket, Outcome::dependency(FAST), h.now);
         assert_eq!(t.map(|t| t.reason), Some(Reason::ProbeFailed));
         assert!(h.cool_down_ms() <= 25_000);
     }
@@ -284,10 +303,9 @@ fn probe_failure_reopens_at_once() {
     h.trip();
     h.wait_half_open();
     let ticket = h.b.try_admit_probe(h.now).expect("slot");
-    let t = h
-        .b
-        .record_probe_outcome(ticket, Outcome::dependency(FAST), h.now)
-        .expect("re-opens");
+    let t =
+        h.b.record_probe_outcome(ticket, Outcome::dependency(FAST), h.now)
+            .expect("re-opens");
     assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
     assert!(!h.b.gate().may_poll);
     assert!(h.cool_down_ms() >= 16_000);
@@ -299,7 +317,8 @@ fn permanent_probe_outcome_is_neutral() {
     h.trip();
     h.wait_half_open();
     let ticket = h.b.try_admit_probe(h.now).expect("slot");
-    let t = h.b.record_probe_outcome(ticket, Outcome::permanent(FAST), h.now);
+    let t =
+        h.b.record_probe_outcome(ticket, Outcome::permanent(FAST), h.now);
     assert_eq!(t, None);
     assert_eq!(h.b.state(), State::HalfOpen);
     assert_eq!(h.b.outstanding_probes(), 0);
@@ -317,9 +336,13 @@ fn unanswered_probe_times_out_as_failed() {
     assert_eq!(h.tick(29_900), None);
     let t = h.tick(100).expect("times out");
     assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
-    assert_eq!(t.reason.to_string(), "half-open probe unanswered after 30.0 s in half-open");
+    assert_eq!(
+        t.reason.to_string(),
+        "half-open probe unanswered after 30.0 s in half-open"
+    );
     // The late answer of that probe changes nothing.
-    let late = h.b.record_probe_outcome(ticket, Outcome::success(FAST), h.now);
+    let late =
+        h.b.record_probe_outcome(ticket, Outcome::success(FAST), h.now);
     assert_eq!(late, None);
     assert_eq!(h.b.state(), State::Open);
 }
@@ -335,7 +358,10 @@ fn stale_ticket_from_an_earlier_half_open_is_ignored() {
     assert_eq!(t.reason.to_string(), "database lock waiters 50 > 10");
     h.advance(20_000); // the sample goes stale
     h.wait_half_open();
-    assert_eq!(h.b.record_probe_outcome(old, Outcome::dependency(FAST), h.now), None);
+    assert_eq!(
+        h.b.record_probe_outcome(old, Outcome::dependency(FAST), h.now),
+        None
+    );
     assert_eq!(h.b.state(), State::HalfOpen);
     assert!(h.b.try_admit_probe(h.now).is_some());
 }
@@ -393,7 +419,10 @@ fn dlq_velocity_trips_when_enabled() {
         h.now,
     );
     let t = h.tick(100).expect("trips");
-    assert_eq!(t.reason.to_string(), "DLQ velocity 5.02/s > 5.00/s over 60 s");
+    assert_eq!(
+        t.reason.to_string(),
+        "DLQ velocity 5.02/s > 5.00/s over 60 s"
+    );
 }
 
 /// Feeds one queue sample per second and ticks.
@@ -451,7 +480,11 @@ fn in_flight_pile_up_with_collapsed_throughput_trips() {
     }
     let t = tripped.expect("trips");
     assert!(matches!(t.reason, Reason::InFlight { .. }), "{}", t.reason);
-    assert!(t.reason.to_string().starts_with("in-flight ratio 0.96 > 0.85"));
+    assert!(
+        t.reason
+            .to_string()
+            .starts_with("in-flight ratio 0.96 > 0.85")
+    );
 }
 
 fn lock_wait(ms: u64) -> WorkerState {
@@ -487,10 +520,22 @@ fn lock_wait_heartbeats_trip_and_stale_ones_expire() {
     let mut h = H::new(cfg());
     let old = h.now;
     h.advance(11_000);
-    h.b.observe_heartbeats(&beats.iter().map(|b| Heartbeat { at: old, ..*b }).collect::<Vec<_>>(), h.now);
+    h.b.observe_heartbeats(
+        &beats
+            .iter()
+            .map(|b| Heartbeat { at: old, ..*b })
+            .collect::<Vec<_>>(),
+        h.now,
+    );
     assert_eq!(h.tick(100), None);
     let now = h.now;
-    h.b.observe_heartbeats(&beats.iter().map(|b| Heartbeat { at: now, ..*b }).collect::<Vec<_>>(), now);
+    h.b.observe_heartbeats(
+        &beats
+            .iter()
+            .map(|b| Heartbeat { at: now, ..*b })
+            .collect::<Vec<_>>(),
+        now,
+    );
     h.advance(10_001);
     assert_eq!(h.b.evaluate(h.now), None);
     let s = h.b.status(h.now);
@@ -511,9 +556,13 @@ fn db_lock_waiters_trip() {
 #[test]
 fn force_open_with_ttl_expires_into_half_open() {
     let mut h = H::new(cfg());
-    let t = h.b.force_open("migration", Some(Duration::from_secs(60)), h.now);
+    let t =
+        h.b.force_open("migration", Some(Duration::from_secs(60)), h.now);
     assert_eq!((t.from, t.to), (State::Closed, State::Open));
-    assert_eq!(t.reason.to_string(), "forced open by operator (migration) for 60 s");
+    assert_eq!(
+        t.reason.to_string(),
+        "forced open by operator (migration) for 60 s"
+    );
     assert!(!h.b.shared_gate().load().may_poll);
     // Nothing automatic happens while forced, even past the cool-down.
     assert_eq!(h.tick(59_000), None);
@@ -524,7 +573,10 @@ fn force_open_with_ttl_expires_into_half_open() {
         Some((OverrideKind::Open, Some(1_000)))
     );
     let t = h.tick(1_000).expect("expires");
-    assert_eq!((t.from, t.to, t.reason), (State::Open, State::HalfOpen, Reason::OverrideExpired));
+    assert_eq!(
+        (t.from, t.to, t.reason),
+        (State::Open, State::HalfOpen, Reason::OverrideExpired)
+    );
     assert!(h.b.status(h.now).manual_override.is_none());
     assert!(h.b.try_admit_probe(h.now).is_some());
 }
@@ -537,9 +589,17 @@ fn force_closed_ignores_signals_until_it_expires() {
     assert_eq!((t.from, t.to), (State::Open, State::Closed));
     assert_eq!(h.b.gate().limit, 100);
     h.outcomes(50, Outcome::dependency(FAST));
-    assert_eq!(h.tick(100), None, "forced closed: signals reported, not acted on");
+    assert_eq!(
+        h.tick(100),
+        None,
+        "forced closed: signals reported, not acted on"
+    );
     let s = h.b.status(h.now);
-    assert!(s.signals.iter().any(|x| x.signal == SignalKind::FailureRatio && x.tripping));
+    assert!(
+        s.signals
+            .iter()
+            .any(|x| x.signal == SignalKind::FailureRatio && x.tripping)
+    );
     let t = h.tick(29_900).expect("expires");
     assert_eq!((t.to, t.reason), (State::Closed, Reason::OverrideExpired));
     let t = h.tick(100).expect("automatic control trips");
@@ -555,7 +615,7 @@ fn clear_override_resumes_at_once() {
     let t = h.b.clear_override(h.now).expect("cleared");
     assert_eq!((t.to, t.reason), (State::HalfOpen, Reason::OverrideCleared));
     assert_eq!(
-        h.b.history().nth(0).map(|t| t.reason.to_string()),
+        h.b.history().next().map(|t| t.reason.to_string()),
         Some("forced open by operator until cleared".into())
     );
 }
@@ -577,7 +637,9 @@ fn dry_run_reports_but_never_gates() {
     assert_eq!(h.b.try_admit_probe(h.now), None, "workers are not gated");
     // Ordinary outcomes count as the shadow probes.
     h.outcomes(2, Outcome::success(FAST));
-    let t = h.b.record_outcome(Outcome::success(FAST), h.now).expect("would ramp");
+    let t =
+        h.b.record_outcome(Outcome::success(FAST), h.now)
+            .expect("would ramp");
     assert_eq!((t.to, t.dry_run), (State::Ramping, true));
     assert_eq!(gate.load(), GateSnapshot::closed(100));
     // A manual trip is enforced even in dry-run mode.
@@ -601,7 +663,10 @@ fn history_is_bounded() {
     assert_eq!(h.b.history().len(), 3);
     let s = h.b.status(h.now);
     assert_eq!(s.history.len(), 3);
-    assert_eq!(s.message.as_deref(), Some("manual override cleared; automatic control resumes"));
+    assert_eq!(
+        s.message.as_deref(),
+        Some("manual override cleared; automatic control resumes")
+    );
 }
 
 #[test]

@@ -97,10 +97,9 @@ impl LockWaitSignal {
                 continue;
             }
             live = live.saturating_add(1);
-            if let WorkerState::LockWait { waited } = state {
-                if waited.saturating_add(now.saturating_duration_since(*at)) > self.wait {
-                    waiting = waiting.saturating_add(1);
-                }
+            let waited_now = |w: &Duration| w.saturating_add(now.saturating_duration_since(*at));
+            if matches!(state, WorkerState::LockWait { waited } if waited_now(waited) > self.wait) {
+                waiting = waiting.saturating_add(1);
             }
         }
         let judged = live > 0 && live >= c.min_workers;

@@ -1,6 +1,6 @@
 //! The trip signals, one module each, and the common shape of a reading.
 //!
-//! Every signal turns its inputs into a [`Reading`]: current value, the
+//! Every signal turns its inputs into a `Reading`: current value, the
 //! configured threshold, a short human detail, and, when it would trip, the
 //! [`Reason`] naming value and threshold. Recording inputs is cheap (O(1) or
 //! O(log workers)); computing readings is done by the controller tick and by
@@ -25,10 +25,10 @@ use serde::Serialize;
 
 use crate::reason::Reason;
 
-pub(crate) mod db_locks;
-pub(crate) mod heartbeats;
-pub(crate) mod outcomes;
-pub(crate) mod queue;
+pub mod db_locks;
+pub mod heartbeats;
+pub mod outcomes;
+pub mod queue;
 
 /// Which signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -97,7 +97,8 @@ impl QueueSignals {
                 self.dlq.record(now_ms, |c| c.0 = c.0.saturating_add(d));
             }
             if let Some(d) = done.filter(|d| *d > 0) {
-                self.processed.record(now_ms, |c| c.0 = c.0.saturating_add(d));
+                self.processed
+                    .record(now_ms, |c| c.0 = c.0.saturating_add(d));
             }
         } else {
             self.first_ms = Some(now_ms);
@@ -143,9 +144,9 @@ impl QueueSignals {
             .is_some_and(|f| now_ms.saturating_sub(f) >= self.window_ms());
         let throughput =
             full.then(|| self.processed.sum(now_ms).0 as f64 / self.cfg.window_secs as f64);
-        let baseline = self.baseline.filter(|b| {
-            self.learned_ms >= self.window_ms() && *b >= self.cfg.min_baseline_per_sec
-        });
+        let baseline = self
+            .baseline
+            .filter(|b| self.learned_ms >= self.window_ms() && *b >= self.cfg.min_baseline_per_sec);
         Some(Flow {
             ratio: sample.in_flight_ratio(),
             sample,
@@ -222,7 +223,11 @@ impl QueueSignals {
                 fmt_rate(f.throughput),
                 c.throughput_fraction * 100.0,
                 fmt_rate(f.baseline),
-                if judged { "" } else { "; not judged outside a full closed window" }
+                if judged {
+                    ""
+                } else {
+                    "; not judged outside a full closed window"
+                }
             ),
         };
         Reading {
@@ -308,7 +313,10 @@ mod tests {
         let t = run(&mut s, t, 40, 2, 10, 400, &mut p);
         let r = s.in_flight(t * 1000, Some(0));
         let trip = r.trip.map(|t| t.to_string()).unwrap_or_default();
-        assert!(trip.starts_with("in-flight ratio 0.98 > 0.85 and throughput 1.93/s < 20% of baseline"), "{trip}");
+        assert!(
+            trip.starts_with("in-flight ratio 0.98 > 0.85 and throughput 1.93/s < 20% of baseline"),
+            "{trip}"
+        );
         // The baseline did not learn the outage.
         assert!(s.baseline().unwrap_or_default() > 40.0);
     }

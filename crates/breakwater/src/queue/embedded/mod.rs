@@ -71,6 +71,12 @@ impl EmbeddedQueue {
             .name("queue-writer".into())
             .spawn(move || writer::run(writer_conn, rx, settings))
             .map_err(storage)?;
+        let checkpointer = store::open(&path).map_err(storage)?;
+        let alive = tx.downgrade();
+        std::thread::Builder::new()
+            .name("queue-checkpoint".into())
+            .spawn(move || writer::checkpoint_loop(checkpointer, alive))
+            .map_err(storage)?;
         Ok(Self {
             ops: tx,
             reader: Arc::new(Mutex::new(reader)),

@@ -69,9 +69,21 @@ pub(crate) fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // No checkpoints on the commit path: `checkpoint` runs them from its
+    // own thread and connection, so a commit never waits for one.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    conn.pragma_update(None, "cache_size", -65536)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.execute_batch(SCHEMA)?;
     Ok(conn)
+}
+
+/// Copies the WAL into the main file as far as readers allow (PASSIVE:
+/// never blocks the writer). Returns the frames in the WAL and checkpointed.
+pub(crate) fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((r.get(1)?, r.get(2)?))
+    })
 }
 
 /// Inserts a message unless its event id is known; returns the row id and

@@ -92,6 +92,19 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Batches smaller than this wait [`LINGER`] once for more operations.
+const LINGER_BELOW: usize = 32;
+const LINGER: Duration = Duration::from_micros(250);
+
+fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(op) => batch.push(op),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Runs the writer until every sender is dropped.
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
     let forget = settings.dedup_window_ms == 0;
@@ -99,11 +112,12 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
-        while batch.len() < settings.max_batch {
-            match rx.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
+        drain(&mut rx, &mut batch, settings.max_batch);
+        if batch.len() < LINGER_BELOW {
+            // A small batch under load wastes an fsync: give concurrent
+            // requests a moment to join it (like Kafka's linger.ms).
+            std::thread::sleep(LINGER);
+            drain(&mut rx, &mut batch, settings.max_batch);
         }
         let size = batch.len();
         let started = Instant::now();
@@ -263,6 +277,24 @@ fn abandon(op: Op) -> Finish {
         }
         Op::Replay { reply, .. } => finish(reply, Err(QueueError::Closed)),
         Op::Purge { reply, .. } => finish(reply, Err(QueueError::Closed)),
+    }
+}
+
+/// How often the WAL is copied into the main database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Checkpoints the WAL from its own connection until the queue is dropped,
+/// then once more.
+pub(crate) fn checkpoint_loop(conn: Connection, alive: mpsc::WeakSender<Op>) {
+    loop {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        let last = alive.upgrade().is_none();
+        if let Err(e) = store::checkpoint(&conn) {
+            tracing::warn!(error = %e, "queue checkpoint failed");
+        }
+        if last {
+            break;
+        }
     }
 }
 
