@@ -62,6 +62,7 @@ pub struct Config {
     pub queue: QueueConfig,
     pub sink: SinkConfig,
     pub workers: WorkersConfig,
+    pub breaker: breakwater_control::BreakerConfig,
     #[serde(rename = "source")]
     pub sources: Vec<SourceConfig>,
 }
@@ -387,6 +388,11 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        self.breaker.validate().map_err(|e| match e {
+            breakwater_control::ConfigError::Invalid { key, problem } => {
+                ConfigError::invalid(format!("breaker.{key}"), problem)
+            }
+        })?;
         if self.ingress.max_body_bytes == 0 {
             return Err(ConfigError::invalid(
                 "ingress.max_body_bytes",
@@ -440,8 +446,10 @@ impl Config {
                     "the hmac scheme needs the name of the signature header",
                 ));
             }
-            for (field, value) in [("event_id", &source.event_id), ("entity_key", &source.entity_key)]
-            {
+            for (field, value) in [
+                ("event_id", &source.event_id),
+                ("entity_key", &source.entity_key),
+            ] {
                 if let Some(v) = value {
                     crate::source::Extractor::parse(v)
                         .map_err(|m| ConfigError::invalid(format!("{key}.{field}"), m))?;
@@ -487,7 +495,7 @@ fn parse_env_value(raw: &str) -> toml::Value {
 }
 
 /// Hides the password of a `scheme://user:password@host/...` URL.
-fn redact_url(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -536,7 +544,10 @@ mod tests {
     fn env_overrides_file() {
         let env = vec![
             ("BREAKWATER_SINK_POOL_MAX".to_owned(), "7".to_owned()),
-            ("BREAKWATER_INGRESS_LISTEN".to_owned(), "127.0.0.1:9999".to_owned()),
+            (
+                "BREAKWATER_INGRESS_LISTEN".to_owned(),
+                "127.0.0.1:9999".to_owned(),
+            ),
             ("UNRELATED".to_owned(), "x".to_owned()),
         ];
         let c = Config::from_toml_with_env("[sink]\npool_max = 3\n", Path::new("t"), env)
@@ -554,8 +565,12 @@ mod tests {
 
     #[test]
     fn statement_timeout_must_exceed_lock_timeout() {
-        let err = parse("[sink]\nlock_timeout_ms = 5000\nstatement_timeout_ms = 5000\n").unwrap_err();
-        assert!(err.to_string().contains("sink.statement_timeout_ms"), "{err}");
+        let err =
+            parse("[sink]\nlock_timeout_ms = 5000\nstatement_timeout_ms = 5000\n").unwrap_err();
+        assert!(
+            err.to_string().contains("sink.statement_timeout_ms"),
+            "{err}"
+        );
     }
 
     #[test]

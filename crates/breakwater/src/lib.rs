@@ -15,3 +15,4 @@ pub mod queue;
 pub mod serve;
 pub mod source;
 pub mod telemetry;
+pub mod worker;

@@ -40,6 +40,16 @@ enum Command {
         #[command(subcommand)]
         command: QueueCommand,
     },
+    /// Inspect and steer the breaker of a running `serve` (admin API).
+    Breaker {
+        #[command(subcommand)]
+        command: BreakerCommand,
+    },
+    /// Inspect, replay or purge dead-lettered messages.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
     /// Measure the service.
     Bench {
         #[command(subcommand)]
@@ -63,6 +73,62 @@ enum QueueCommand {
     Stats {
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BreakerCommand {
+    /// State, reason, limit, signals with values and thresholds, transitions.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Force the breaker open: workers stop claiming; webhooks wait in the queue.
+    Trip {
+        /// Resume automatic control after this long (e.g. 30s, 10m, 1h).
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<std::time::Duration>,
+        /// Why, for the logs and `breaker status`.
+        #[arg(long, default_value = "manual trip from the CLI")]
+        note: String,
+    },
+    /// End a manual override; with --force-closed, force the breaker closed.
+    Reset {
+        #[arg(long)]
+        force_closed: bool,
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<std::time::Duration>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// Dead-lettered messages, oldest first.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One dead-lettered message with its body.
+    Show { id: String },
+    /// Put messages back in the queue (IDs, or --all), at most --rate per second.
+    Replay {
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// Messages per second.
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        /// Replays per message before `replay` refuses it (no loops).
+        #[arg(long, default_value_t = 3)]
+        max_replays: u32,
+    },
+    /// Delete dead-lettered messages (IDs, or --all).
+    Purge {
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
     },
 }
 
@@ -159,12 +225,233 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Breaker { command } => {
+            let config = load_config(cli.config.as_deref())?;
+            runtime()?.block_on(breaker_command(&config, command))
+        }
+        Command::Dlq { command } => {
+            let config = load_config(cli.config.as_deref())?;
+            runtime()?.block_on(dlq_command(&config, command))
+        }
         Command::Bench {
             command: BenchCommand::Ingress(args),
         } => {
             let report = breakwater::bench::run_ingress_bench(&args)?;
             print!("{report}");
             Ok(())
+        }
+    }
+}
+
+/// Parses `500ms`, `30s`, `10m`, `2h` (a bare number is seconds).
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("\"{text}\" is not a duration like 30s, 10m or 1h"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "unknown unit \"{unit}\" in \"{text}\": use ms, s, m or h"
+            ));
+        }
+    };
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Result<()> {
+    use breakwater::admin::client::call;
+    let addr = config.admin.listen;
+    let token = config.admin.token.as_deref();
+    match command {
+        BreakerCommand::Status { json } => {
+            let v = call(addr, token, http::Method::GET, "/breaker").await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print_breaker(&v);
+            }
+        }
+        BreakerCommand::Trip { ttl, note } => {
+            let mut q = format!("/breaker/trip?note={}", urlencode(&note));
+            if let Some(ttl) = ttl {
+                q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
+            }
+            let v = call(addr, token, http::Method::POST, &q).await?;
+            println!("{}", v["transition"].as_str().unwrap_or("tripped"));
+        }
+        BreakerCommand::Reset { force_closed, ttl } => {
+            let mut q = format!("/breaker/reset?force_closed={force_closed}");
+            if let Some(ttl) = ttl {
+                q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
+            }
+            let v = call(addr, token, http::Method::POST, &q).await?;
+            match v["transition"].as_str() {
+                Some(t) => println!("{t}"),
+                None => println!("no manual override in force; state {}", v["state"]),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn print_breaker(v: &serde_json::Value) {
+    let b = &v["breaker"];
+    println!("state        {}", b["state"].as_str().unwrap_or("?"));
+    println!("limit        {}", b["limit"]);
+    if let Some(m) = b["message"].as_str() {
+        println!("reason       {m}");
+    }
+    if let Some(o) = b.get("override").filter(|o| !o.is_null()) {
+        println!("override     {o}");
+    }
+    if b["dry_run"].as_bool() == Some(true) {
+        println!("dry run      yes (evaluates, never gates)");
+    }
+    println!("signals");
+    for s in b["signals"].as_array().into_iter().flatten() {
+        println!(
+            "  {:<18} {:<8} value {:<10} threshold {:<10} {}",
+            s["signal"].as_str().unwrap_or("?"),
+            if s["tripping"].as_bool() == Some(true) {
+                "TRIPPING"
+            } else if s["enabled"].as_bool() == Some(true) {
+                "ok"
+            } else {
+                "off"
+            },
+            s["value"].to_string(),
+            s["threshold"].to_string(),
+            s["detail"].as_str().unwrap_or(""),
+        );
+    }
+    let parked = v["parked_keys"].as_array().map_or(0, Vec::len);
+    if parked > 0 {
+        println!("parked keys  {}", v["parked_keys"]);
+    }
+    println!("transitions");
+    for t in b["history"].as_array().into_iter().flatten() {
+        println!("  {t}");
+    }
+}
+
+async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
+    let queue = breakwater::queue::embedded::EmbeddedQueue::open(&config.queue)?;
+    match command {
+        DlqCommand::List { limit, json } => {
+            let list = queue.dead_letters(limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else if list.is_empty() {
+                println!("the dead-letter queue is empty");
+            } else {
+                println!(
+                    "{:<8} {:<12} {:<28} {:<10} {:>8}  error",
+                    "id", "source", "event id", "class", "attempts"
+                );
+                for d in list {
+                    println!(
+                        "{:<8} {:<12} {:<28} {:<10} {:>8}  {}",
+                        d.id, d.source, d.event_id, d.class, d.attempts, d.error
+                    );
+                }
+            }
+        }
+        DlqCommand::Show { id } => {
+            let d = queue.dead_letter_detail(&id).await?;
+            println!("{}", serde_json::to_string_pretty(&d)?);
+        }
+        DlqCommand::Replay {
+            ids,
+            all,
+            rate,
+            max_replays,
+        } => {
+            anyhow::ensure!(all || !ids.is_empty(), "name message ids, or pass --all");
+            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            let per_tick = (rate / 10.0).ceil().max(1.0) as usize;
+            let mut total = 0usize;
+            let mut pending: Vec<String> = ids;
+            loop {
+                wait_while_breaker_open(config).await;
+                let chunk: Vec<String> = if all {
+                    Vec::new()
+                } else {
+                    let n = per_tick.min(pending.len());
+                    pending.drain(..n).collect()
+                };
+                if !all && chunk.is_empty() {
+                    break;
+                }
+                let done = queue.replay(&chunk, max_replays, per_tick).await?;
+                if !all && done.len() < chunk.len() {
+                    eprintln!(
+                        "skipped {} (not in the DLQ, or replayed {max_replays} times already)",
+                        chunk.len() - done.len()
+                    );
+                }
+                total += done.len();
+                if all && done.is_empty() {
+                    break;
+                }
+                eprint!("\rreplayed {total}");
+                tokio::time::sleep(std::time::Duration::from_secs_f64(
+                    done.len().max(1) as f64 / rate,
+                ))
+                .await;
+            }
+            eprintln!();
+            println!("replayed {total} message(s)");
+        }
+        DlqCommand::Purge { ids, all } => {
+            anyhow::ensure!(all || !ids.is_empty(), "name message ids, or pass --all");
+            let n = queue.purge(if all { &[] } else { &ids }).await?;
+            println!("purged {n} message(s)");
+        }
+    }
+    Ok(())
+}
+
+/// Replay waits while a running service's breaker is open (no point
+/// feeding a database that is being protected). No service: no wait.
+async fn wait_while_breaker_open(config: &Config) {
+    let mut said = false;
+    loop {
+        let v = breakwater::admin::client::call(
+            config.admin.listen,
+            config.admin.token.as_deref(),
+            http::Method::GET,
+            "/breaker",
+        )
+        .await;
+        match v {
+            Ok(v) if v["breaker"]["gate"]["may_poll"].as_bool() == Some(false) => {
+                if !said {
+                    eprintln!("breaker is open: waiting before replaying");
+                    said = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            _ => return,
         }
     }
 }

@@ -14,12 +14,20 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use breakwater_control::BackoffPolicy;
+use breakwater_sink::{SinkSettings, StatementSpec};
+
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::ingress::Ingress;
 use crate::queue::Queue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::source;
+use crate::worker::lanes::LaneSettings;
+use crate::worker::{Controller, WorkerSettings, Workers};
 
 /// Which parts of the pipeline this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -40,6 +48,10 @@ pub enum ServeError {
     Source(#[from] source::SourceError),
     #[error("cannot open the queue: {0}")]
     Queue(#[from] crate::queue::QueueError),
+    #[error("sink: {0}")]
+    Sink(#[from] breakwater_sink::SinkSetupError),
+    #[error("invalid [breaker] config: {0}")]
+    Breaker(#[from] breakwater_control::ConfigError),
     #[error("cannot listen on {addr} ({what}): {error}")]
     Bind {
         what: &'static str,
@@ -53,6 +65,8 @@ pub struct Running {
     pub ingress_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     pub queue: Arc<dyn Queue>,
+    pub controller: Arc<Controller>,
+    workers: Option<Workers>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -60,6 +74,9 @@ pub struct Running {
 impl Running {
     /// Stops accepting, finishes in-flight work and waits for every task.
     pub async fn shutdown(self) {
+        if let Some(workers) = self.workers {
+            workers.shutdown().await;
+        }
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;
@@ -96,6 +113,57 @@ fn spawn_server(
     })
 }
 
+/// The sink settings of a config.
+pub fn sink_settings(config: &Config) -> SinkSettings {
+    let s = &config.sink;
+    SinkSettings {
+        url: s.url.clone(),
+        lock_timeout: Duration::from_millis(s.lock_timeout_ms),
+        statement_timeout: Duration::from_millis(s.statement_timeout_ms),
+        idle_in_transaction_timeout: Duration::from_millis(s.idle_in_transaction_timeout_ms),
+        pool_max: s.pool_max,
+        acquire_timeout: Duration::from_millis(s.acquire_timeout_ms),
+    }
+}
+
+/// Every source's statements, for the sink.
+pub fn statements(config: &Config) -> BTreeMap<String, Vec<StatementSpec>> {
+    config
+        .sources
+        .iter()
+        .map(|s| {
+            let specs = s
+                .statements
+                .iter()
+                .map(|st| StatementSpec {
+                    sql: st.sql.clone(),
+                    params: st.params.clone(),
+                })
+                .collect();
+            (s.name.clone(), specs)
+        })
+        .collect()
+}
+
+/// The worker settings of a config.
+pub fn worker_settings(config: &Config) -> WorkerSettings {
+    let w = &config.workers;
+    WorkerSettings {
+        max_concurrency: w.max_concurrency,
+        max_attempts: w.max_attempts,
+        backoff: BackoffPolicy::full_jitter(
+            Duration::from_millis(w.backoff_base_ms),
+            Duration::from_millis(w.backoff_cap_ms),
+        ),
+        lease: Duration::from_millis(config.queue.lease_ms),
+        lanes: LaneSettings {
+            per_key: w.per_key_concurrency,
+            max_held: (w.max_concurrency as usize * 16).max(64),
+            ..LaneSettings::default()
+        },
+    }
+}
+
 /// Starts the service described by `config`.
 pub async fn start(
     config: &Config,
@@ -115,14 +183,39 @@ pub async fn start(
             addr: config.ingress.listen,
             error,
         })?;
-        let router = Ingress::new(&sources, Arc::clone(&queue), config.ingress.max_body_bytes)
-            .router();
+        let router =
+            Ingress::new(&sources, Arc::clone(&queue), config.ingress.max_body_bytes).router();
         tasks.push(spawn_server(listener, router, stop_rx.clone()));
         tracing::info!(%addr, sources = sources.len(), "ingress listening: POST /webhooks/{{source}}");
         if sources.is_empty() {
             tracing::warn!("no [[source]] configured: every webhook will answer 404");
         }
         ingress_addr = Some(addr);
+    }
+
+    let mut breaker_config = config.breaker.clone();
+    // One knob for the pool size: the breaker's maximum is the workers'.
+    breaker_config.max_concurrency = config.workers.max_concurrency;
+    let controller = Controller::new(breaker_config, config.workers.max_concurrency as usize)?;
+    let mut workers = None;
+    if role != Role::Ingress {
+        let sink = breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
+        tracing::info!(sink = %redact_url(&config.sink.url), "sink ready");
+        tasks.push(tokio::spawn(Arc::clone(&controller).run(
+            Arc::clone(&queue),
+            Arc::clone(&sink),
+            stop_rx.clone(),
+        )));
+        workers = Some(Workers::start(
+            Arc::clone(&queue),
+            sink,
+            Arc::clone(&controller),
+            worker_settings(config),
+        ));
+        tracing::info!(
+            max_concurrency = config.workers.max_concurrency,
+            "workers started"
+        );
     }
 
     let admin_listener = bind("admin", config.admin.listen).await?;
@@ -137,15 +230,27 @@ pub async fn start(
         metrics,
         queue: Arc::clone(&queue),
         token: config.admin.token.clone(),
+        controller: Arc::clone(&controller),
+        parked: workers.as_ref().map(|w| Arc::clone(&w.parked)),
     };
-    tasks.push(spawn_server(admin_listener, admin.router(), stop_rx.clone()));
-    tracing::info!(addr = %admin_addr, "admin listening: /metrics /queue/stats");
+    tasks.push(spawn_server(
+        admin_listener,
+        admin.router(),
+        stop_rx.clone(),
+    ));
+    tracing::info!(addr = %admin_addr, "admin listening: /metrics /queue/stats /breaker");
 
     Ok(Running {
         ingress_addr,
         admin_addr,
         queue,
+        controller,
+        workers,
         stop,
         tasks,
     })
+}
+
+fn redact_url(url: &str) -> String {
+    crate::config::redact_url(url)
 }

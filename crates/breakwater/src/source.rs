@@ -54,11 +54,7 @@ impl Extractor {
     }
 
     /// Extracts the value as text; `json` is the body parsed at most once.
-    pub fn extract(
-        &self,
-        headers: &HeaderMap,
-        json: &mut LazyJson<'_>,
-    ) -> Option<String> {
+    pub fn extract(&self, headers: &HeaderMap, json: &mut LazyJson<'_>) -> Option<String> {
         match self {
             Self::Header(name) => headers
                 .get(name)
@@ -192,19 +188,19 @@ impl Source {
             (Some(spec), _) => Some(parse(spec)?),
             // Stripe puts the event id in the body.
             (None, SchemeName::Stripe) => Some(Extractor::Json("/id".to_owned())),
-            (None, _) => {
-                default_id_header.map(|h| Extractor::Header(HeaderName::from_static(h)))
-            }
+            (None, _) => default_id_header.map(|h| Extractor::Header(HeaderName::from_static(h))),
         };
         let entity_key = config.entity_key.as_deref().map(parse).transpose()?;
-        let mut kept_headers: Vec<HeaderName> =
-            KEPT_HEADERS.iter().map(|h| HeaderName::from_static(h)).collect();
+        let mut kept_headers: Vec<HeaderName> = KEPT_HEADERS
+            .iter()
+            .map(|h| HeaderName::from_static(h))
+            .collect();
         for st in &config.statements {
             for spec in st.params.values() {
-                if let Extractor::Header(h) = parse(spec)? {
-                    if !kept_headers.contains(&h) {
-                        kept_headers.push(h);
-                    }
+                if let Extractor::Header(h) = parse(spec)?
+                    && !kept_headers.contains(&h)
+                {
+                    kept_headers.push(h);
                 }
             }
         }
@@ -290,8 +286,7 @@ pub fn compile_all(configs: &[SourceConfig]) -> Result<Sources, SourceError> {
     configs
         .iter()
         .map(|c| {
-            Source::compile(c, |v| std::env::var(v).ok())
-                .map(|s| (c.name.clone(), Arc::new(s)))
+            Source::compile(c, |v| std::env::var(v).ok()).map(|s| (c.name.clone(), Arc::new(s)))
         })
         .collect()
 }

@@ -34,9 +34,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 pub use self::load::{LoadReport, LoadSpec};
-use crate::config::{
-    Config, HmacAlgorithm, HmacEncoding, QueueConfig, SchemeName, SourceConfig,
-};
+use crate::config::{Config, HmacAlgorithm, HmacEncoding, QueueConfig, SchemeName, SourceConfig};
 use crate::serve::{self, Role};
 
 /// Options of `breakwater bench ingress`.
@@ -145,13 +143,14 @@ pub fn run_ingress_bench(args: &IngressBenchArgs) -> anyhow::Result<IngressBench
     let _ = std::fs::remove_dir_all(&dir);
     let config = bench_config(&dir);
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
-    let addr = running
-        .ingress_addr
-        .context("the ingress did not start")?;
+    let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
     let breakwater = client_rt.block_on(load::run(spec(addr, &path, "bw", None)))?;
 
-    eprintln!("phase 3/3: breakwater at half of {:.0} req/s", breakwater.rate());
+    eprintln!(
+        "phase 3/3: breakwater at half of {:.0} req/s",
+        breakwater.rate()
+    );
     let half = (breakwater.rate() / 2.0).max(1.0);
     let half_rate = client_rt.block_on(load::run(spec(addr, &path, "half", Some(half))))?;
 

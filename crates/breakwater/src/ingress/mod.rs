@@ -171,19 +171,25 @@ async fn accept(
     let (status, body) = match outcome {
         Enqueued::New { id } => {
             route.accepted.increment(1);
-            (StatusCode::ACCEPTED, Accepted {
-                status: "accepted",
-                id,
-                event_id: &event_id,
-            })
+            (
+                StatusCode::ACCEPTED,
+                Accepted {
+                    status: "accepted",
+                    id,
+                    event_id: &event_id,
+                },
+            )
         }
         Enqueued::Duplicate { id } => {
             route.duplicate.increment(1);
-            (StatusCode::OK, Accepted {
-                status: "duplicate",
-                id,
-                event_id: &event_id,
-            })
+            (
+                StatusCode::OK,
+                Accepted {
+                    status: "duplicate",
+                    id,
+                    event_id: &event_id,
+                },
+            )
         }
     };
     Ok((status, Json(body)).into_response())

@@ -15,8 +15,17 @@ fn breakwater(args: &[&str]) -> std::process::Output {
 #[test]
 fn config_check_prints_effective_config_without_secrets() {
     let sandbox = Sandbox::new("");
-    let out = breakwater(&["config", "check", "--config", sandbox.config_path().to_str().expect("utf8")]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = breakwater(&[
+        "config",
+        "check",
+        "--config",
+        sandbox.config_path().to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("name = \"stripe\""), "{text}");
     assert!(text.contains("<redacted>"));
@@ -27,8 +36,11 @@ fn config_check_prints_effective_config_without_secrets() {
 fn broken_config_names_key_and_line_and_fails() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bad.toml");
-    std::fs::write(&path, "[ingress]\nlisten = \"127.0.0.1:0\"\n\n[workers]\nmax_concurency = 4\n")
-        .expect("write");
+    std::fs::write(
+        &path,
+        "[ingress]\nlisten = \"127.0.0.1:0\"\n\n[workers]\nmax_concurency = 4\n",
+    )
+    .expect("write");
     let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -53,8 +65,18 @@ fn missing_secret_env_is_a_clear_error() {
 #[test]
 fn queue_stats_reads_the_store() {
     let sandbox = Sandbox::new("");
-    let out = breakwater(&["queue", "stats", "--json", "--config", sandbox.config_path().to_str().expect("utf8")]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = breakwater(&[
+        "queue",
+        "stats",
+        "--json",
+        "--config",
+        sandbox.config_path().to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["visible"], 0);
     assert_eq!(v["dead_lettered"], 0);

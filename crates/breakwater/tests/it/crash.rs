@@ -19,7 +19,7 @@ const KILL_AFTER: usize = 1000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
     let sandbox = Sandbox::new("");
-    let mut server = sandbox.start();
+    let mut server = sandbox.start_ingress();
     let http = Http::default();
     let url = server.url("/webhooks/stripe");
     let answered = Arc::new(AtomicUsize::new(0));
@@ -33,9 +33,7 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
             let event_id = format!("evt_crash_{i}");
             let body = stripe_event(&event_id, &format!("{}", i % 50));
             let headers = stripe_headers(&body, unix_now());
-            let result = http
-                .send(http::Method::POST, &url, &headers, body)
-                .await;
+            let result = http.send(http::Method::POST, &url, &headers, body).await;
             answered.fetch_add(1, Ordering::Relaxed);
             match result {
                 Ok(a) if a.status.is_success() => Some(event_id),
@@ -66,7 +64,7 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
     );
 
     // Restart on the same store: everything acknowledged is there, once.
-    let server = sandbox.start();
+    let server = sandbox.start_ingress();
     let stats = queue_stats(&http, &server).await;
     let db = rusqlite::Connection::open(sandbox.queue_db()).expect("open store");
     let mut st = db
@@ -78,7 +76,10 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
         .map(|r| r.expect("row"))
         .collect();
     let stored: HashSet<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
-    assert!(rows.iter().all(|(_, n)| *n == 1), "an event id is stored twice");
+    assert!(
+        rows.iter().all(|(_, n)| *n == 1),
+        "an event id is stored twice"
+    );
     let missing: Vec<_> = acknowledged
         .iter()
         .filter(|id| !stored.contains(id.as_str()))
@@ -91,7 +92,11 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
     let order: usize = some.trim_start_matches("evt_crash_").parse().expect("n");
     let body = stripe_event(&some, &format!("{}", order % 50));
     let a = http
-        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body)
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body,
+        )
         .await;
     assert_eq!(a.status, StatusCode::OK);
 }

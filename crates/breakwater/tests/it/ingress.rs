@@ -16,11 +16,15 @@ async fn visible(http: &Http, server: &Server) -> u64 {
 #[tokio::test]
 async fn stripe_accepted_then_duplicate() {
     let sandbox = Sandbox::new("");
-    let server = sandbox.start();
+    let server = sandbox.start_ingress();
     let http = Http::default();
     let body = stripe_event("evt_1", "1042");
     let a = http
-        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body.clone())
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body.clone(),
+        )
         .await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
     assert_eq!(a.json()["status"], "accepted");
@@ -28,7 +32,11 @@ async fn stripe_accepted_then_duplicate() {
     assert_eq!(visible(&http, &server).await, 1);
 
     let again = http
-        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body)
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body,
+        )
         .await;
     assert_eq!(again.status, StatusCode::OK);
     assert_eq!(again.json()["status"], "duplicate");
@@ -39,7 +47,7 @@ async fn stripe_accepted_then_duplicate() {
 #[tokio::test]
 async fn every_scheme_accepts_a_real_signature() {
     let sandbox = Sandbox::new("");
-    let server = sandbox.start();
+    let server = sandbox.start_ingress();
     let http = Http::default();
     let now = unix_now();
     let body = br#"{"id": 7, "repository": {"id": 99}}"#.to_vec();
@@ -63,10 +71,18 @@ async fn every_scheme_accepts_a_real_signature() {
             HeaderValue::from_str(&id).expect("hv"),
         ));
         let a = http
-            .post(&server.url(&format!("/webhooks/{source}")), &headers, body.clone())
+            .post(
+                &server.url(&format!("/webhooks/{source}")),
+                &headers,
+                body.clone(),
+            )
             .await;
         assert_eq!(a.status, StatusCode::ACCEPTED, "{source}: {:?}", a.body);
-        assert_eq!(a.json()["event_id"], id.as_str(), "{source} event id from its header");
+        assert_eq!(
+            a.json()["event_id"],
+            id.as_str(),
+            "{source} event id from its header"
+        );
     }
     assert_eq!(visible(&http, &server).await, 4);
 }
@@ -74,14 +90,18 @@ async fn every_scheme_accepts_a_real_signature() {
 #[tokio::test]
 async fn refusals_answer_json_and_enqueue_nothing() {
     let sandbox = Sandbox::new("");
-    let server = sandbox.start();
+    let server = sandbox.start_ingress();
     let http = Http::default();
     let url = server.url("/webhooks/stripe");
     let body = stripe_event("evt_bad", "1");
 
     // Unknown source.
     let a = http
-        .post(&server.url("/webhooks/nope"), &stripe_headers(&body, unix_now()), body.clone())
+        .post(
+            &server.url("/webhooks/nope"),
+            &stripe_headers(&body, unix_now()),
+            body.clone(),
+        )
         .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
     assert_eq!(a.json()["error"], "unknown_source");
@@ -100,23 +120,35 @@ async fn refusals_answer_json_and_enqueue_nothing() {
 
     // Tampered body.
     let headers = stripe_headers(&body, unix_now());
-    let a = http.post(&url, &headers, stripe_event("evt_bad", "2")).await;
+    let a = http
+        .post(&url, &headers, stripe_event("evt_bad", "2"))
+        .await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
 
     // Stale timestamp (an hour old).
     let a = http
-        .post(&url, &stripe_headers(&body, unix_now() - 3600), body.clone())
+        .post(
+            &url,
+            &stripe_headers(&body, unix_now() - 3600),
+            body.clone(),
+        )
         .await;
     assert_eq!(a.status, StatusCode::UNAUTHORIZED);
     assert_eq!(a.json()["error"], "stale");
 
     // Body over the 4096-byte limit of the test config.
     let big = stripe_event(&"x".repeat(5000), "1");
-    let a = http.post(&url, &stripe_headers(&big, unix_now()), big).await;
+    let a = http
+        .post(&url, &stripe_headers(&big, unix_now()), big)
+        .await;
     assert_eq!(a.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(a.json()["error"], "too_large");
 
-    assert_eq!(visible(&http, &server).await, 0, "nothing refused was enqueued");
+    assert_eq!(
+        visible(&http, &server).await,
+        0,
+        "nothing refused was enqueued"
+    );
     let stats = queue_stats(&http, &server).await;
     assert_eq!(stats["in_flight"], 0);
     assert_eq!(stats["dead_lettered"], 0);
@@ -125,7 +157,7 @@ async fn refusals_answer_json_and_enqueue_nothing() {
 #[tokio::test]
 async fn queue_that_cannot_commit_answers_503_with_retry_after() {
     let sandbox = Sandbox::new("");
-    let server = sandbox.start();
+    let server = sandbox.start_ingress();
     let http = Http::default();
     // Another process holds the store's write lock: the writer's commit
     // waits out its busy timeout and fails.
@@ -135,7 +167,11 @@ async fn queue_that_cannot_commit_answers_503_with_retry_after() {
         .expect("lock");
     let body = stripe_event("evt_503", "1");
     let a = http
-        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body.clone())
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body.clone(),
+        )
         .await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
     assert_eq!(a.json()["error"], "unavailable");
@@ -144,7 +180,11 @@ async fn queue_that_cannot_commit_answers_503_with_retry_after() {
 
     // Once the store is free again, the issuer's retry is accepted.
     let a = http
-        .post(&server.url("/webhooks/stripe"), &stripe_headers(&body, unix_now()), body)
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body,
+        )
         .await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
     assert_eq!(visible(&http, &server).await, 1);
@@ -153,10 +193,16 @@ async fn queue_that_cannot_commit_answers_503_with_retry_after() {
 #[tokio::test]
 async fn health_and_readiness() {
     let sandbox = Sandbox::new("");
-    let server = sandbox.start();
+    let server = sandbox.start_ingress();
     let http = Http::default();
-    assert_eq!(http.get(&server.url("/healthz")).await.status, StatusCode::OK);
-    assert_eq!(http.get(&server.url("/readyz")).await.status, StatusCode::OK);
+    assert_eq!(
+        http.get(&server.url("/healthz")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        http.get(&server.url("/readyz")).await.status,
+        StatusCode::OK
+    );
     let metrics = http.get(&server.admin_url("/metrics")).await;
     assert_eq!(metrics.status, StatusCode::OK);
 }

@@ -7,4 +7,6 @@
 mod cli;
 mod crash;
 mod ingress;
+mod pg;
 mod utils;
+mod worker;

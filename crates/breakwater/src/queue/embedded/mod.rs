@@ -44,7 +44,9 @@ pub struct EmbeddedQueue {
 
 impl std::fmt::Debug for EmbeddedQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmbeddedQueue").field("path", &self.path).finish()
+        f.debug_struct("EmbeddedQueue")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -113,7 +115,8 @@ impl EmbeddedQueue {
 
     /// Dead-lettered messages, oldest first.
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        self.read(move |c| store::dead_letters(c, limit, None)).await
+        self.read(move |c| store::dead_letters(c, limit, None))
+            .await
     }
 
     /// One dead-lettered message with its body.
@@ -134,7 +137,10 @@ impl EmbeddedQueue {
         max_replays: u32,
         limit: usize,
     ) -> Result<Vec<String>, QueueError> {
-        let ids = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
+        let ids = ids
+            .iter()
+            .map(|s| parse_id(s))
+            .collect::<Result<Vec<_>, _>>()?;
         let done = self
             .call(|reply| Op::Replay {
                 ids,
@@ -148,7 +154,10 @@ impl EmbeddedQueue {
 
     /// Deletes dead-lettered messages (all when `ids` is empty).
     pub async fn purge(&self, ids: &[String]) -> Result<usize, QueueError> {
-        let ids = ids.iter().map(|s| parse_id(s)).collect::<Result<Vec<_>, _>>()?;
+        let ids = ids
+            .iter()
+            .map(|s| parse_id(s))
+            .collect::<Result<Vec<_>, _>>()?;
         self.call(|reply| Op::Purge { ids, reply }).await
     }
 }
@@ -322,7 +331,9 @@ mod tests {
         let d = q.claim(1, LEASE).await.expect("claim").remove(0);
         assert_eq!(d.message.attempts, 1);
         assert_eq!(d.message.receives, 2);
-        q.release(&d.receipt, Duration::ZERO).await.expect("release");
+        q.release(&d.receipt, Duration::ZERO)
+            .await
+            .expect("release");
         let d = q.claim(1, LEASE).await.expect("claim").remove(0);
         assert_eq!(d.message.attempts, 1, "release does not count an attempt");
         assert_eq!(d.message.receives, 2, "release gives the receive back");
@@ -340,7 +351,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
         q.enqueue(msg("e1", None)).await.expect("enqueue");
-        let stale = q.claim(1, Duration::from_millis(1)).await.expect("claim").remove(0);
+        let stale = q
+            .claim(1, Duration::from_millis(1))
+            .await
+            .expect("claim")
+            .remove(0);
         tokio::time::sleep(Duration::from_millis(20)).await;
         let fresh = q.claim(1, LEASE).await.expect("claim").remove(0);
         assert_eq!(fresh.message.receives, 2);
@@ -373,7 +388,10 @@ mod tests {
         let detail = q.dead_letter_detail(&list[0].id).await.expect("show");
         assert_eq!(detail.body.as_deref(), Some("{\"a\":1}"));
 
-        let replayed = q.replay(&[list[0].id.clone()], 1, 100).await.expect("replay");
+        let replayed = q
+            .replay(&[list[0].id.clone()], 1, 100)
+            .await
+            .expect("replay");
         assert_eq!(replayed, vec![list[0].id.clone()]);
         let d = q.claim(1, LEASE).await.expect("claim").remove(0);
         assert_eq!(d.message.attempts, 0);
@@ -395,7 +413,9 @@ mod tests {
         {
             let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
             for i in 0..50 {
-                q.enqueue(msg(&format!("e{i}"), None)).await.expect("enqueue");
+                q.enqueue(msg(&format!("e{i}"), None))
+                    .await
+                    .expect("enqueue");
             }
         }
         let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");

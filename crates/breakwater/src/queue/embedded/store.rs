@@ -135,17 +135,20 @@ pub(crate) fn claim(
         let headers: String = r.get(4)?;
         let body: Option<Vec<u8>> = r.get(5)?;
         let id: i64 = r.get(0)?;
-        Ok((id, Message {
-            id: id.to_string(),
-            source: r.get(1)?,
-            event_id: r.get(2)?,
-            entity_key: r.get(3)?,
-            headers: serde_json::from_str(&headers).unwrap_or_default(),
-            body: body.unwrap_or_default().into(),
-            received_at_ms: r.get(6)?,
-            attempts: r.get(7)?,
-            receives: r.get::<_, u32>(8)? + 1,
-        }))
+        Ok((
+            id,
+            Message {
+                id: id.to_string(),
+                source: r.get(1)?,
+                event_id: r.get(2)?,
+                entity_key: r.get(3)?,
+                headers: serde_json::from_str(&headers).unwrap_or_default(),
+                body: body.unwrap_or_default().into(),
+                received_at_ms: r.get(6)?,
+                attempts: r.get(7)?,
+                receives: r.get::<_, u32>(8)? + 1,
+            },
+        ))
     })?;
     let messages = rows.collect::<rusqlite::Result<Vec<_>>>()?;
     let mut lease = tx.prepare_cached(
@@ -282,7 +285,11 @@ pub(crate) fn bump(tx: &Transaction<'_>, name: &str, by: u64) -> rusqlite::Resul
 }
 
 /// Forgets acked messages settled before `before_ms`, at most `limit`.
-pub(crate) fn prune_acked(tx: &Transaction<'_>, before_ms: i64, limit: usize) -> rusqlite::Result<usize> {
+pub(crate) fn prune_acked(
+    tx: &Transaction<'_>,
+    before_ms: i64,
+    limit: usize,
+) -> rusqlite::Result<usize> {
     tx.execute(
         "DELETE FROM messages WHERE id IN (
              SELECT id FROM messages WHERE state = 1 AND settled_at < ?1 LIMIT ?2)",

@@ -247,7 +247,10 @@ fn run_op(
             error,
             reply,
         } => {
-            let ok = attempt!(reply, store::dead_letter(tx, id, lease, now, &class, &error));
+            let ok = attempt!(
+                reply,
+                store::dead_letter(tx, id, lease, now, &class, &error)
+            );
             *dead += u64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
@@ -299,12 +302,10 @@ pub(crate) fn checkpoint_loop(conn: Connection, alive: mpsc::WeakSender<Op>) {
 }
 
 fn prune(conn: &mut Connection, before_ms: i64) {
-    let result = conn
-        .transaction()
-        .and_then(|tx| {
-            let n = store::prune_acked(&tx, before_ms, 10_000)?;
-            tx.commit().map(|()| n)
-        });
+    let result = conn.transaction().and_then(|tx| {
+        let n = store::prune_acked(&tx, before_ms, 10_000)?;
+        tx.commit().map(|()| n)
+    });
     match result {
         Ok(0) => {}
         Ok(n) => tracing::debug!(pruned = n, "forgot acked messages past the dedup window"),

@@ -30,15 +30,11 @@ pub const SHOPIFY_SECRET: &str = "shpss_test_secret";
 pub const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 pub const HMAC_SECRET: &str = "generic-secret";
 
-/// The sources every test server has (on top of `extra`).
+/// The sources every test server has; `stripe` comes last so that
+/// `[[source.statement]]` tables in a sandbox's `extra` attach to it.
 pub fn sources_toml() -> String {
     format!(
         r#"
-[[source]]
-name = "stripe"
-scheme = "stripe"
-secrets = ["whsec_old_rotated_out", "{STRIPE_SECRET}"]
-entity_key = "json:/data/object/id"
 
 [[source]]
 name = "github"
@@ -66,6 +62,11 @@ algorithm = "sha1"
 encoding = "base64"
 prefix = "sha1="
 event_id = "header:X-Event-Id"
+[[source]]
+name = "stripe"
+scheme = "stripe"
+secrets = ["whsec_old_rotated_out", "{STRIPE_SECRET}"]
+entity_key = "json:/data/object/id"
 "#
     )
 }
@@ -76,8 +77,9 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// A sandbox whose config is `extra` plus the standard sources, with
-    /// listeners on port 0 and data under the sandbox.
+    /// A sandbox whose config is the standard sources followed by `extra`,
+    /// with listeners on port 0 and data under the sandbox. The default
+    /// sink is SQLite under the sandbox.
     pub fn new(extra: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("bw-it-")
@@ -93,11 +95,20 @@ max_body_bytes = 4096
 [admin]
 listen = "127.0.0.1:0"
 
+{}
 [queue]
 path = "{}"
-{extra}
 {}
+{extra}
 "#,
+            if extra.contains("[sink]") {
+                String::new()
+            } else {
+                format!(
+                    "[sink]\nurl = \"sqlite://{}\"\n",
+                    dir.path().join("sink.db").display()
+                )
+            },
             data.display(),
             sources_toml()
         );
@@ -113,9 +124,14 @@ path = "{}"
         self.dir.path().join("queue").join("queue.db")
     }
 
-    /// Starts `breakwater serve` with this sandbox's config.
+    /// Starts `breakwater serve` (ingress and workers) with this sandbox's config.
     pub fn start(&self) -> Server {
-        Server::start(&self.config_path(), &[])
+        Server::start(&self.config_path(), "all")
+    }
+
+    /// Starts only the ingress, so accepted messages stay in the queue.
+    pub fn start_ingress(&self) -> Server {
+        Server::start(&self.config_path(), "ingress")
     }
 }
 
@@ -136,11 +152,10 @@ fn addr_in(line: &str) -> Option<SocketAddr> {
 
 impl Server {
     /// Starts the binary and waits until both listeners are up.
-    pub fn start(config: &Path, env: &[(&str, &str)]) -> Self {
+    pub fn start(config: &Path, role: &str) -> Self {
         let mut child = Command::new(binary())
-            .args(["serve", "--config"])
+            .args(["serve", "--role", role, "--config"])
             .arg(config)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -162,7 +177,11 @@ impl Server {
         while ingress.is_none() || admin.is_none() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
-                panic!("breakwater did not start in 20 s; it said:\n{}", seen.join("\n"));
+                let _ = child.kill();
+                panic!(
+                    "breakwater did not start in 20 s; it said:\n{}",
+                    seen.join("\n")
+                );
             };
             let line = strip_ansi(&line);
             seen.push(line.clone());
@@ -283,7 +302,12 @@ impl Http {
             .expect("GET")
     }
 
-    pub async fn post(&self, url: &str, headers: &[(HeaderName, HeaderValue)], body: Vec<u8>) -> Answer {
+    pub async fn post(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        body: Vec<u8>,
+    ) -> Answer {
         self.send(Method::POST, url, headers, body)
             .await
             .expect("POST")
@@ -307,8 +331,8 @@ pub fn stripe_event(event_id: &str, order: &str) -> Vec<u8> {
 
 /// Headers a real Stripe sender would attach, signed at `at`.
 pub fn stripe_headers(body: &[u8], at: i64) -> Vec<(HeaderName, HeaderValue)> {
-    let mut h = breakwater_verify::sign(&Scheme::stripe(), STRIPE_SECRET, body, at, "")
-        .expect("sign");
+    let mut h =
+        breakwater_verify::sign(&Scheme::stripe(), STRIPE_SECRET, body, at, "").expect("sign");
     h.push((
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

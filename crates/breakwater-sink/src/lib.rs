@@ -1,0 +1,212 @@
+//! Sinks: where workers apply webhooks, idempotently, and how their
+//! failures are classified.
+//!
+//! A sink applies one event in one short transaction: insert the event id
+//! into the inbox table (`breakwater_inbox`), and only if that insert was
+//! new, run the source's configured statements with parameters bound from
+//! the event. A redelivery finds the inbox row and has no second effect.
+//!
+//! Failures carry a [`FailureClass`]: *dependency* failures (the database
+//! is slow, locked, saturated or unreachable) are retried and feed the
+//! breaker; *permanent* failures (the payload violates a constraint, is not
+//! JSON, lacks a field a statement needs) go to the DLQ at once and never
+//! feed the breaker.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub mod codes;
+mod postgres;
+mod settings;
+mod sqlite;
+mod statement;
+
+pub use settings::SinkSettings;
+
+/// One webhook to apply.
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a> {
+    pub source: &'a str,
+    pub event_id: &'a str,
+    pub entity_key: Option<&'a str>,
+    pub headers: &'a [(String, String)],
+    pub body: &'a [u8],
+    /// Milliseconds since the Unix epoch.
+    pub received_at_ms: i64,
+}
+
+/// What applying did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// First time: the inbox row was inserted and the statements ran.
+    New,
+    /// The event id was already in the inbox: nothing ran.
+    Duplicate,
+}
+
+/// Whether a failure is the database's or the message's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureClass {
+    /// Lock/statement timeout, deadlock, serialization failure, too many
+    /// connections, pool acquire timeout, connection refused or lost.
+    Dependency,
+    /// Constraint violation, invalid JSON, a data error caused by the
+    /// payload, a missing parameter.
+    Permanent,
+}
+
+impl FailureClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dependency => "dependency",
+            Self::Permanent => "permanent",
+        }
+    }
+}
+
+/// A failed apply.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct SinkError {
+    pub class: FailureClass,
+    /// Short stable name: `lock_timeout`, `statement_timeout`, `deadlock`,
+    /// `serialization`, `too_many_connections`, `pool_timeout`,
+    /// `connection`, `constraint`, `invalid_json`, `missing_param`,
+    /// `data`, `sql` ...
+    ///
+    /// Also: `busy` (SQLite's lock timeout), `resources` (disk full, out of
+    /// memory, I/O error: dependency), `database` (an unrecognised database
+    /// error: dependency), `raised` (PostgreSQL `RAISE EXCEPTION`, e.g. a
+    /// trigger rejecting the row: permanent). `sql` (SQLSTATE class 42,
+    /// SQLite `SQLITE_ERROR`) is a bug in the configured statement, not in
+    /// the message; it is permanent so that it dead-letters instead of
+    /// tripping the breaker.
+    pub kind: &'static str,
+    /// SQLSTATE (PostgreSQL) or extended result code (SQLite), if any.
+    pub code: Option<String>,
+    pub message: String,
+}
+
+impl SinkError {
+    /// A failure of the database (retried, feeds the breaker).
+    pub fn dependency(kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            class: FailureClass::Dependency,
+            kind,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    /// A failure of this one message (dead-lettered at once).
+    pub fn permanent(kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            class: FailureClass::Permanent,
+            kind,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    /// Sets the SQLSTATE or SQLite result code.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    pub fn is_dependency(&self) -> bool {
+        self.class == FailureClass::Dependency
+    }
+
+    pub fn is_permanent(&self) -> bool {
+        self.class == FailureClass::Permanent
+    }
+
+    pub fn is_lock_related(&self) -> bool {
+        matches!(self.kind, "lock_timeout" | "deadlock" | "busy")
+    }
+}
+
+/// Statements configured for one source: SQL with `$name` parameters, and
+/// where each name's value comes from (`json:/pointer` or `header:Name`).
+/// Built-in names need no entry: `$entity`, `$event_id`, `$source`,
+/// `$payload` (the body as JSON).
+#[derive(Debug, Clone, Default)]
+pub struct StatementSpec {
+    pub sql: String,
+    pub params: BTreeMap<String, String>,
+}
+
+/// Why a sink could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkSetupError {
+    #[error("unsupported sink URL \"{0}\": expected postgres://... or sqlite://...")]
+    UnsupportedUrl(String),
+    #[error("source \"{source_name}\", statement {index}: {message}")]
+    Statement {
+        source_name: String,
+        index: usize,
+        message: String,
+    },
+    #[error("cannot connect to the sink: {0}")]
+    Connect(String),
+    #[error("cannot create the inbox table: {0}")]
+    Migrate(String),
+    #[error("invalid sink settings: {0}")]
+    Settings(String),
+}
+
+/// Sessions waiting on locks, as the database sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockSnapshot {
+    /// Sessions whose `wait_event_type` is `Lock`.
+    pub waiting: u32,
+    /// Distinct pids blocking them (`pg_blocking_pids`).
+    pub blockers: Vec<i32>,
+}
+
+/// Builds the sink `settings.url` names: PostgreSQL for `postgres://` and
+/// `postgresql://`, SQLite for `sqlite://path` (the parent directory is
+/// created) and `sqlite::memory:`.
+///
+/// Validates the settings, compiles every source's statements (an unknown
+/// `$name` or a malformed `params` entry is a [`SinkSetupError::Statement`]),
+/// connects and creates the inbox table if it is missing.
+pub async fn connect(
+    settings: &SinkSettings,
+    statements: &BTreeMap<String, Vec<StatementSpec>>,
+) -> Result<Arc<dyn Sink>, SinkSetupError> {
+    settings.validate()?;
+    let url = settings.url.trim();
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let compiled = statement::compile_all(statements, statement::Dialect::Postgres)?;
+        Ok(Arc::new(
+            postgres::PgSink::connect(settings, compiled).await?,
+        ))
+    } else if url.starts_with("sqlite:") {
+        let compiled = statement::compile_all(statements, statement::Dialect::Sqlite)?;
+        Ok(Arc::new(
+            sqlite::SqliteSink::open(settings, compiled).await?,
+        ))
+    } else {
+        Err(SinkSetupError::UnsupportedUrl(settings::redact_password(
+            url,
+        )))
+    }
+}
+
+/// A database that applies webhooks.
+#[async_trait]
+pub trait Sink: Send + Sync + 'static {
+    /// Applies one event idempotently in one transaction.
+    async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError>;
+    /// The database's view of lock waits (PostgreSQL); `None` where the
+    /// database has no such view.
+    async fn lock_snapshot(&self) -> Option<LockSnapshot> {
+        None
+    }
+    /// Connections in use and the pool's maximum.
+    fn pool_usage(&self) -> (usize, usize);
+}

@@ -1,0 +1,687 @@
+//! The PostgreSQL sink: a bounded deadpool of tokio-postgres sessions, one
+//! short transaction per event under `SET LOCAL lock_timeout` and
+//! `statement_timeout`, parameters converted to the types PostgreSQL infers
+//! for them, and a dedicated sampler session for `pg_stat_activity`.
+//!
+//! Round trips per new event: `BEGIN; SET LOCAL ...; SET LOCAL ...` in one
+//! simple-query batch, the inbox insert (which also sets `applied_at`:
+//! `now()` is the transaction's timestamp, so a later `UPDATE` would write
+//! the same value), one per configured statement, and `COMMIT`. Statements
+//! are prepared once per connection (`prepare_cached`). Sessions get
+//! `idle_in_transaction_session_timeout` as a startup option, which costs no
+//! round trip.
+//!
+//! A transaction that does not end cleanly (the apply future is dropped, a
+//! client-side deadline passes, `ROLLBACK` fails) takes its connection out
+//! of the pool and closes it, so no pooled session is ever handed out inside
+//! an open transaction; the server rolls back when the socket closes.
+
+mod classify;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use rust_decimal::Decimal;
+use serde_json::Value;
+use tokio::sync::Mutex;
+use tokio_postgres::types::{IsNull, Kind, ToSql, Type, to_sql_checked};
+use tokio_postgres::{Config, NoTls};
+
+use self::classify::{classify, classify_pool};
+use crate::settings::{SinkSettings, millis};
+use crate::statement::{Compiled, CompiledStatement, ParamValue, parse_body};
+use crate::{Applied, Event, LockSnapshot, Sink, SinkError, SinkSetupError};
+
+const MIGRATION: &str = "\
+BEGIN;
+SELECT pg_advisory_xact_lock(7306115632147616117);
+CREATE TABLE IF NOT EXISTS breakwater_inbox (
+    event_id    text PRIMARY KEY,
+    source      text NOT NULL,
+    entity_key  text,
+    payload     jsonb,
+    received_at timestamptz NOT NULL,
+    applied_at  timestamptz
+);
+COMMIT;";
+
+const INSERT_INBOX: &str = "\
+INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (event_id) DO NOTHING";
+
+const LOCK_SNAPSHOT: &str = "\
+WITH waiting AS (
+    SELECT pid FROM pg_stat_activity
+    WHERE datname = current_database()
+      AND pid <> pg_backend_pid()
+      AND wait_event_type = 'Lock'
+)
+SELECT (SELECT count(*) FROM waiting)::int4,
+       coalesce((SELECT array_agg(DISTINCT b ORDER BY b)
+                 FROM waiting, unnest(pg_blocking_pids(waiting.pid)) AS b),
+                '{}')::int4[]";
+
+/// The PostgreSQL sink.
+pub(crate) struct PgSink {
+    pool: Pool,
+    statements: Compiled,
+    /// `BEGIN; SET LOCAL lock_timeout ...; SET LOCAL statement_timeout ...`.
+    begin: String,
+    statement_timeout: Duration,
+    sampler: Sampler,
+}
+
+impl PgSink {
+    pub(crate) async fn connect(
+        settings: &SinkSettings,
+        statements: Compiled,
+    ) -> Result<Self, SinkSetupError> {
+        let (config, sampler_config) = session_configs(settings)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_max)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(settings.acquire_timeout))
+            .create_timeout(Some(settings.acquire_timeout))
+            .recycle_timeout(Some(settings.acquire_timeout))
+            .build()
+            .map_err(|e| SinkSetupError::Connect(e.to_string()))?;
+
+        let client = pool
+            .get()
+            .await
+            .map_err(|e| SinkSetupError::Connect(classify_pool(e).message))?;
+        if let Err(e) = client.batch_execute(MIGRATION).await {
+            // The session may be inside the migration's transaction.
+            drop(Object::take(client));
+            return Err(SinkSetupError::Migrate(classify(&e).message));
+        }
+        drop(client);
+
+        Ok(Self {
+            pool,
+            statements,
+            begin: format!(
+                "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+                millis(settings.lock_timeout),
+                millis(settings.statement_timeout)
+            ),
+            statement_timeout: settings.statement_timeout,
+            sampler: Sampler {
+                config: sampler_config,
+                client: Mutex::new(None),
+                timeout: settings.acquire_timeout.max(Duration::from_secs(1)),
+            },
+        })
+    }
+
+    /// Runs the transaction; on success it is committed.
+    async fn transaction(
+        &self,
+        client: &Object,
+        event: &Event<'_>,
+        payload: Option<&Value>,
+        statements: &[CompiledStatement],
+        values: &[Vec<ParamValue>],
+    ) -> Result<Applied, SinkError> {
+        client
+            .batch_execute(&self.begin)
+            .await
+            .map_err(|e| classify(&e))?;
+        let insert = client
+            .prepare_cached(INSERT_INBOX)
+            .await
+            .map_err(|e| classify(&e))?;
+        let received_at = system_time(event.received_at_ms);
+        let inserted = client
+            .execute(
+                &insert,
+                &[
+                    &event.event_id,
+                    &event.source,
+                    &event.entity_key,
+                    &payload,
+                    &received_at,
+                ],
+            )
+            .await
+            .map_err(|e| classify(&e))?;
+        if inserted == 0 {
+            client
+                .batch_execute("COMMIT")
+                .await
+                .map_err(|e| classify(&e))?;
+            return Ok(Applied::Duplicate);
+        }
+        for (statement, values) in statements.iter().zip(values) {
+            let prepared = client
+                .prepare_cached(&statement.sql)
+                .await
+                .map_err(|e| classify(&e))?;
+            let types = prepared.params();
+            if types.len() != values.len() {
+                return Err(SinkError::permanent(
+                    "sql",
+                    format!(
+                        "statement expects {} parameters, {} were bound",
+                        types.len(),
+                        values.len()
+                    ),
+                ));
+            }
+            let mut bound = Vec::with_capacity(values.len());
+            for ((value, ty), param) in values.iter().zip(types).zip(&statement.params) {
+                bound.push(to_pg(value, ty, &param.name)?);
+            }
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                bound.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+            client
+                .execute(&prepared, &refs)
+                .await
+                .map_err(|e| classify(&e))?;
+        }
+        client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(|e| classify(&e))?;
+        Ok(Applied::New)
+    }
+}
+
+/// The apply pool's session config (with
+/// `idle_in_transaction_session_timeout` as a startup option) and the
+/// sampler's (without: it never opens a transaction).
+fn session_configs(settings: &SinkSettings) -> Result<(Config, Config), SinkSetupError> {
+    let mut config: Config = settings
+        .url
+        .trim()
+        .parse()
+        .map_err(|e| SinkSetupError::Connect(format!("invalid PostgreSQL URL: {e}")))?;
+    config.connect_timeout(settings.acquire_timeout);
+    if config.get_application_name().is_none() {
+        config.application_name("breakwater-sink");
+    }
+    let sampler = config.clone();
+    let mut options = config.get_options().unwrap_or_default().to_owned();
+    if !options.is_empty() {
+        options.push(' ');
+    }
+    options.push_str(&format!(
+        "-c idle_in_transaction_session_timeout={}",
+        millis(settings.idle_in_transaction_timeout)
+    ));
+    config.options(&options);
+    Ok((config, sampler))
+}
+
+/// A pooled connection inside a transaction that has not ended cleanly yet:
+/// dropped in that state, it leaves the pool for good (see the module doc).
+struct TxGuard {
+    client: Option<Object>,
+    open: bool,
+}
+
+impl Drop for TxGuard {
+    fn drop(&mut self) {
+        if !self.open {
+            return;
+        }
+        if let Some(client) = self.client.take() {
+            drop(Object::take(client));
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for PgSink {
+    async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
+        let statements = self
+            .statements
+            .get(event.source)
+            .map_or(&[][..], Vec::as_slice);
+        // Everything the message alone decides is checked before a
+        // connection is taken: a poison message costs no database time.
+        let json = parse_body(event.body);
+        let values = statements
+            .iter()
+            .map(|s| s.values(event, json.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let client = self.pool.get().await.map_err(classify_pool)?;
+        let mut guard = TxGuard {
+            client: Some(client),
+            open: true,
+        };
+        let Some(client) = guard.client.as_ref() else {
+            return Err(SinkError::dependency("connection", "no pooled connection"));
+        };
+        // A client-side deadline in case the server stops answering without
+        // closing the socket: every statement is bounded by
+        // statement_timeout on the server, so this only fires when the link
+        // is gone.
+        let rounds = u32::try_from(statements.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(3);
+        let deadline = self
+            .statement_timeout
+            .checked_mul(rounds)
+            .unwrap_or(Duration::from_secs(3600))
+            .saturating_add(Duration::from_secs(1));
+        let outcome = tokio::time::timeout(
+            deadline,
+            self.transaction(client, event, json.as_ref(), statements, &values),
+        )
+        .await;
+        match outcome {
+            Ok(Ok(applied)) => {
+                guard.open = false;
+                Ok(applied)
+            }
+            Ok(Err(err)) => {
+                let rolled_back =
+                    tokio::time::timeout(self.statement_timeout, client.batch_execute("ROLLBACK"))
+                        .await;
+                if matches!(rolled_back, Ok(Ok(()))) {
+                    guard.open = false;
+                }
+                Err(err)
+            }
+            Err(_) => Err(SinkError::dependency(
+                "statement_timeout",
+                format!("no answer from the database within {deadline:?}"),
+            )),
+        }
+    }
+
+    async fn lock_snapshot(&self) -> Option<LockSnapshot> {
+        self.sampler.sample().await
+    }
+
+    fn pool_usage(&self) -> (usize, usize) {
+        let status = self.pool.status();
+        (
+            status.size.saturating_sub(status.available),
+            status.max_size,
+        )
+    }
+}
+
+/// One session of its own for `pg_stat_activity`, opened lazily and
+/// reopened after any failure, so a saturated apply pool cannot starve the
+/// breaker of the database's view.
+struct Sampler {
+    config: Config,
+    client: Mutex<Option<tokio_postgres::Client>>,
+    timeout: Duration,
+}
+
+impl Sampler {
+    async fn sample(&self) -> Option<LockSnapshot> {
+        let mut slot = self.client.lock().await;
+        let result = tokio::time::timeout(self.timeout, async {
+            if slot.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+                let (client, connection) = self.config.connect(NoTls).await.ok()?;
+                tokio::spawn(connection);
+                *slot = Some(client);
+            }
+            let client = slot.as_ref()?;
+            let row = client.query_one(LOCK_SNAPSHOT, &[]).await.ok()?;
+            let waiting: i32 = row.try_get(0).ok()?;
+            let blockers: Vec<i32> = row.try_get(1).ok()?;
+            Some(LockSnapshot {
+                waiting: u32::try_from(waiting).unwrap_or(0),
+                blockers,
+            })
+        })
+        .await;
+        match result {
+            Ok(Some(snapshot)) => Some(snapshot),
+            _ => {
+                *slot = None;
+                None
+            }
+        }
+    }
+}
+
+fn system_time(ms: i64) -> SystemTime {
+    let offset = Duration::from_millis(ms.unsigned_abs());
+    if ms >= 0 {
+        UNIX_EPOCH.checked_add(offset)
+    } else {
+        UNIX_EPOCH.checked_sub(offset)
+    }
+    .unwrap_or(UNIX_EPOCH)
+}
+
+/// A parameter converted to the type PostgreSQL inferred for it.
+#[derive(Debug)]
+enum PgValue {
+    Null,
+    Bool(bool),
+    I16(i16),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Numeric(Decimal),
+    /// Text, and the labels of enum types (their binary form is the label).
+    Text(String),
+    Json(Value),
+    Uuid(uuid::Uuid),
+    TimestampTz(DateTime<Utc>),
+    Timestamp(NaiveDateTime),
+    Date(NaiveDate),
+    Array(Vec<PgValue>),
+}
+
+impl ToSql for PgValue {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Self::Null => Ok(IsNull::Yes),
+            Self::Bool(v) => v.to_sql(ty, out),
+            Self::I16(v) => v.to_sql(ty, out),
+            Self::I32(v) => v.to_sql(ty, out),
+            Self::I64(v) => v.to_sql(ty, out),
+            Self::F32(v) => v.to_sql(ty, out),
+            Self::F64(v) => v.to_sql(ty, out),
+            Self::Numeric(v) => v.to_sql(ty, out),
+            Self::Text(v) => {
+                out.extend_from_slice(v.as_bytes());
+                Ok(IsNull::No)
+            }
+            Self::Json(v) => v.to_sql(ty, out),
+            Self::Uuid(v) => v.to_sql(ty, out),
+            Self::TimestampTz(v) => v.to_sql(ty, out),
+            Self::Timestamp(v) => v.to_sql(ty, out),
+            Self::Date(v) => v.to_sql(ty, out),
+            Self::Array(v) => v.to_sql(ty, out),
+        }
+    }
+
+    /// Conversion to the right type happened in [`to_pg`].
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+fn data_error(name: &str, value: &ParamValue, ty: &Type) -> SinkError {
+    let shown = value.to_text().unwrap_or_default();
+    let shown: String = shown.chars().take(80).collect();
+    SinkError::permanent(
+        "data",
+        format!(
+            "parameter ${name}: \"{shown}\" is not a valid {}",
+            ty.name()
+        ),
+    )
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "true" | "t" | "yes" | "y" | "on" | "1" => Some(true),
+        "false" | "f" | "no" | "n" | "off" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// An integer from a JSON number (integral floats included) or text.
+fn parse_int(value: &ParamValue) -> Option<i64> {
+    match value {
+        ParamValue::Json(Value::Number(n)) => n.as_i64().or_else(|| {
+            let f = n.as_f64()?;
+            // Exactly representable integral floats only (1e3, 42.0).
+            (f.fract() == 0.0 && f.abs() < 9.0e15).then_some(f as i64)
+        }),
+        ParamValue::Text(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn parse_float(value: &ParamValue) -> Option<f64> {
+    match value {
+        ParamValue::Json(Value::Number(n)) => n.as_f64(),
+        ParamValue::Text(s) => s.trim().parse().ok().filter(|f: &f64| f.is_finite()),
+        _ => None,
+    }
+}
+
+fn parse_decimal(value: &ParamValue) -> Option<Decimal> {
+    let text = match value {
+        ParamValue::Json(Value::Number(n)) => n.to_string(),
+        ParamValue::Text(s) => s.trim().to_owned(),
+        _ => return None,
+    };
+    text.parse::<Decimal>()
+        .ok()
+        .or_else(|| Decimal::from_scientific(&text).ok())
+}
+
+/// Seconds since the epoch (a JSON number, as Stripe sends `created`) or
+/// RFC 3339 text.
+fn parse_timestamptz(value: &ParamValue) -> Option<DateTime<Utc>> {
+    match value {
+        ParamValue::Json(Value::Number(n)) => {
+            let secs = n.as_f64()?;
+            DateTime::from_timestamp_millis((secs * 1000.0).round() as i64)
+        }
+        ParamValue::Text(s) => DateTime::parse_from_rfc3339(s.trim())
+            .ok()
+            .map(|t| t.with_timezone(&Utc)),
+        _ => None,
+    }
+}
+
+fn parse_timestamp(value: &ParamValue) -> Option<NaiveDateTime> {
+    if let ParamValue::Text(s) = value {
+        let s = s.trim();
+        for format in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f"] {
+            if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
+                return Some(t);
+            }
+        }
+    }
+    parse_timestamptz(value).map(|t| t.naive_utc())
+}
+
+/// Converts `value` to `ty`, the type PostgreSQL inferred for `$name`.
+fn to_pg(value: &ParamValue, ty: &Type, name: &str) -> Result<PgValue, SinkError> {
+    if *value == ParamValue::Null {
+        return Ok(PgValue::Null);
+    }
+    let bad = || data_error(name, value, ty);
+    match ty.kind() {
+        Kind::Domain(inner) => return to_pg(value, inner, name),
+        Kind::Enum(_) => return value.to_text().map(PgValue::Text).ok_or_else(bad),
+        Kind::Array(member) => {
+            return match value {
+                ParamValue::Json(Value::Array(items)) => items
+                    .iter()
+                    .map(|item| {
+                        let item = match item {
+                            Value::Null => ParamValue::Null,
+                            Value::String(s) => ParamValue::Text(s.clone()),
+                            other => ParamValue::Json(other.clone()),
+                        };
+                        to_pg(&item, member, name)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .map(PgValue::Array),
+                _ => Err(bad()),
+            };
+        }
+        _ => {}
+    }
+    let converted = match *ty {
+        Type::BOOL => match value {
+            ParamValue::Json(Value::Bool(b)) => Some(*b),
+            ParamValue::Text(s) => parse_bool(s),
+            _ => None,
+        }
+        .map(PgValue::Bool),
+        Type::INT2 => parse_int(value)
+            .and_then(|v| i16::try_from(v).ok())
+            .map(PgValue::I16),
+        Type::INT4 => parse_int(value)
+            .and_then(|v| i32::try_from(v).ok())
+            .map(PgValue::I32),
+        Type::INT8 => parse_int(value).map(PgValue::I64),
+        Type::FLOAT4 => parse_float(value).map(|v| PgValue::F32(v as f32)),
+        Type::FLOAT8 => parse_float(value).map(PgValue::F64),
+        Type::NUMERIC => parse_decimal(value).map(PgValue::Numeric),
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
+            value.to_text().map(PgValue::Text)
+        }
+        Type::JSON | Type::JSONB => Some(PgValue::Json(value.to_json())),
+        Type::UUID => value
+            .to_text()
+            .and_then(|s| uuid::Uuid::parse_str(s.trim()).ok())
+            .map(PgValue::Uuid),
+        Type::TIMESTAMPTZ => parse_timestamptz(value).map(PgValue::TimestampTz),
+        Type::TIMESTAMP => parse_timestamp(value).map(PgValue::Timestamp),
+        Type::DATE => value
+            .to_text()
+            .and_then(|s| NaiveDate::parse_from_str(s.trim(), "%Y-%m-%d").ok())
+            .map(PgValue::Date),
+        _ if ty.name() == "citext" => value.to_text().map(PgValue::Text),
+        _ => {
+            return Err(SinkError::permanent(
+                "sql",
+                format!(
+                    "parameter ${name} has type {}, which the sink does not bind; \
+                     cast it in the SQL, e.g. ${name}::text::{}",
+                    ty.name(),
+                    ty.name()
+                ),
+            ));
+        }
+    };
+    converted.ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn text(s: &str) -> ParamValue {
+        ParamValue::Text(s.into())
+    }
+
+    #[test]
+    fn values_convert_to_inferred_types() {
+        assert!(matches!(
+            to_pg(&text("1042"), &Type::INT8, "e"),
+            Ok(PgValue::I64(1042))
+        ));
+        assert!(matches!(
+            to_pg(&ParamValue::Json(json!(7)), &Type::INT4, "n"),
+            Ok(PgValue::I32(7))
+        ));
+        assert!(matches!(
+            to_pg(&ParamValue::Json(json!(3.0)), &Type::INT2, "n"),
+            Ok(PgValue::I16(3))
+        ));
+        assert!(matches!(
+            to_pg(&text("t"), &Type::BOOL, "b"),
+            Ok(PgValue::Bool(true))
+        ));
+        match to_pg(&ParamValue::Json(json!(12.50)), &Type::NUMERIC, "a") {
+            Ok(PgValue::Numeric(d)) => assert_eq!(d.to_string(), "12.5"),
+            other => panic!("{other:?}"),
+        }
+        match to_pg(&text("1e3"), &Type::NUMERIC, "a") {
+            Ok(PgValue::Numeric(d)) => assert_eq!(d, Decimal::from(1000)),
+            other => panic!("{other:?}"),
+        }
+        match to_pg(&ParamValue::Json(json!({"a": 1})), &Type::TEXT, "o") {
+            Ok(PgValue::Text(s)) => assert_eq!(s, r#"{"a":1}"#),
+            other => panic!("{other:?}"),
+        }
+        match to_pg(&text("paid"), &Type::JSONB, "s") {
+            Ok(PgValue::Json(v)) => assert_eq!(v, json!("paid")),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            to_pg(
+                &ParamValue::Json(json!(1_700_000_000)),
+                &Type::TIMESTAMPTZ,
+                "t"
+            ),
+            Ok(PgValue::TimestampTz(_))
+        ));
+        assert!(matches!(
+            to_pg(&text("2026-11-02T10:00:00Z"), &Type::TIMESTAMPTZ, "t"),
+            Ok(PgValue::TimestampTz(_))
+        ));
+        assert!(matches!(
+            to_pg(&ParamValue::Json(json!([1, 2])), &Type::INT8_ARRAY, "ids"),
+            Ok(PgValue::Array(v)) if v.len() == 2
+        ));
+        assert!(matches!(
+            to_pg(&ParamValue::Null, &Type::INT8, "x"),
+            Ok(PgValue::Null)
+        ));
+    }
+
+    #[test]
+    fn unparsable_values_are_permanent_data_errors() {
+        for (value, ty) in [
+            (text("abc"), Type::INT8),
+            (text("70000"), Type::INT2),
+            (ParamValue::Json(json!(1.5)), Type::INT4),
+            (text("maybe"), Type::BOOL),
+            (text("12,5"), Type::NUMERIC),
+            (text("not-a-uuid"), Type::UUID),
+            (text("yesterday"), Type::TIMESTAMPTZ),
+        ] {
+            let err = to_pg(&value, &ty, "p").expect_err("rejected");
+            assert!(err.is_permanent(), "{err}");
+            assert_eq!(err.kind, "data", "{err}");
+            assert!(err.message.contains("$p"), "{err}");
+        }
+        let err = to_pg(&text("10.0.0.1"), &Type::INET, "ip").expect_err("unsupported");
+        assert_eq!(err.kind, "sql");
+        assert!(err.message.contains("::text::inet"), "{err}");
+    }
+
+    /// Needs the PostgreSQL of the integration tests.
+    #[tokio::test]
+    async fn pooled_sessions_get_the_idle_in_transaction_timeout() {
+        let mut settings = SinkSettings::new("postgres://postgres@127.0.0.1:5432/test");
+        settings.idle_in_transaction_timeout = Duration::from_millis(7500);
+        let (config, _) = session_configs(&settings).expect("configs");
+        let (client, connection) = config
+            .connect(NoTls)
+            .await
+            .expect("PostgreSQL is reachable");
+        tokio::spawn(connection);
+        let shown: String = client
+            .query_one("SHOW idle_in_transaction_session_timeout", &[])
+            .await
+            .expect("show")
+            .get(0);
+        assert_eq!(shown, "7500ms");
+    }
+
+    #[test]
+    fn negative_and_positive_receive_times() {
+        assert_eq!(system_time(1500), UNIX_EPOCH + Duration::from_millis(1500));
+        assert_eq!(system_time(-1500), UNIX_EPOCH - Duration::from_millis(1500));
+    }
+}

@@ -1,0 +1,154 @@
+//! [`SinkSettings`]: how to reach the sink database and the guardrails every
+//! transaction runs under (lock and statement timeouts, idle-in-transaction
+//! timeout, a bounded pool with a short acquire timeout).
+//!
+//! Kept apart from the backends so the service can build and validate
+//! settings from its config without touching a database.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::SinkSetupError;
+
+/// Where the sink is and the guardrails it applies.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SinkSettings {
+    /// `postgres://user@host/db`, `postgresql://...`, `sqlite://path` or
+    /// `sqlite::memory:`.
+    pub url: String,
+    /// `SET LOCAL lock_timeout` for PostgreSQL, `busy_timeout` for SQLite.
+    pub lock_timeout: Duration,
+    /// `SET LOCAL statement_timeout`; must be larger than `lock_timeout`,
+    /// or the lock timeout never fires.
+    pub statement_timeout: Duration,
+    /// `idle_in_transaction_session_timeout` of every pooled session.
+    pub idle_in_transaction_timeout: Duration,
+    /// Most connections the apply pool opens.
+    pub pool_max: usize,
+    /// Longest wait for a pooled connection (and to open one).
+    pub acquire_timeout: Duration,
+}
+
+impl SinkSettings {
+    /// Settings for `url` with the default guardrails.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            lock_timeout: Duration::from_millis(1000),
+            statement_timeout: Duration::from_millis(5000),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+            pool_max: 20,
+            acquire_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Checks the guardrails make sense together.
+    pub fn validate(&self) -> Result<(), SinkSetupError> {
+        let invalid = |m: String| Err(SinkSetupError::Settings(m));
+        if self.lock_timeout.is_zero() {
+            return invalid("lock_timeout must be larger than 0".into());
+        }
+        if self.statement_timeout <= self.lock_timeout {
+            return invalid(format!(
+                "statement_timeout ({} ms) must be larger than lock_timeout ({} ms)",
+                self.statement_timeout.as_millis(),
+                self.lock_timeout.as_millis()
+            ));
+        }
+        if self.idle_in_transaction_timeout.is_zero() {
+            return invalid("idle_in_transaction_timeout must be larger than 0".into());
+        }
+        if self.pool_max == 0 {
+            return invalid("pool_max must be at least 1".into());
+        }
+        if self.acquire_timeout.is_zero() {
+            return invalid("acquire_timeout must be larger than 0".into());
+        }
+        Ok(())
+    }
+}
+
+impl Default for SinkSettings {
+    fn default() -> Self {
+        Self::new("sqlite://data/breakwater.db")
+    }
+}
+
+impl fmt::Debug for SinkSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkSettings")
+            .field("url", &redact_password(&self.url))
+            .field("lock_timeout", &self.lock_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field(
+                "idle_in_transaction_timeout",
+                &self.idle_in_transaction_timeout,
+            )
+            .field("pool_max", &self.pool_max)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .finish()
+    }
+}
+
+/// `scheme://user:secret@host` -> `scheme://user:***@host`.
+pub(crate) fn redact_password(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    match userinfo.find(':') {
+        Some(colon) => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &userinfo[..colon],
+            &rest[at..]
+        ),
+        None => url.to_owned(),
+    }
+}
+
+/// Whole milliseconds, at least 1, as PostgreSQL settings take them.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = SinkSettings::new("postgres://localhost/db");
+        assert_eq!(s.lock_timeout, Duration::from_millis(1000));
+        assert_eq!(s.statement_timeout, Duration::from_millis(5000));
+        assert_eq!(s.pool_max, 20);
+        s.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn statement_timeout_must_exceed_lock_timeout() {
+        let mut s = SinkSettings::new("postgres://localhost/db");
+        s.statement_timeout = s.lock_timeout;
+        let err = s.validate().expect_err("equal timeouts are rejected");
+        assert!(err.to_string().contains("statement_timeout"), "{err}");
+    }
+
+    #[test]
+    fn debug_redacts_the_password() {
+        let s = SinkSettings::new("postgres://bw:hunter2@db:5432/app");
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("postgres://bw:***@db:5432/app"), "{shown}");
+        assert_eq!(redact_password("sqlite://data/x.db"), "sqlite://data/x.db");
+        assert_eq!(
+            redact_password("postgres://bw@db/app"),
+            "postgres://bw@db/app"
+        );
+    }
+}

@@ -1,0 +1,325 @@
+//! The SQLite sink: one connection in WAL mode behind an async mutex, used
+//! from `spawn_blocking`, each event in one `BEGIN IMMEDIATE` transaction.
+//!
+//! SQLite has a single writer, so a pool would only add lock contention:
+//! the mutex is the pool (size 1), and waiting for it longer than the
+//! acquire timeout is a `pool_timeout`, like an exhausted PostgreSQL pool.
+//! `busy_timeout` is the lock timeout: another process holding the write
+//! lock longer than that is a dependency failure of kind `busy`.
+//! `BEGIN IMMEDIATE` takes the write lock up front, so a transaction never
+//! fails half-way on an upgrade from a read lock.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::DateTime;
+use rusqlite::types::Value as SqlValue;
+use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use crate::settings::SinkSettings;
+use crate::statement::{Compiled, ParamValue, parse_body};
+use crate::{Applied, Event, FailureClass, Sink, SinkError, SinkSetupError};
+
+const MIGRATION: &str = "\
+CREATE TABLE IF NOT EXISTS breakwater_inbox (
+    event_id    TEXT PRIMARY KEY NOT NULL,
+    source      TEXT NOT NULL,
+    entity_key  TEXT,
+    payload     TEXT,
+    received_at TEXT NOT NULL,
+    applied_at  TEXT
+);";
+
+const INSERT_INBOX: &str = "\
+INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
+VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+ON CONFLICT (event_id) DO NOTHING";
+
+/// Where a `sqlite:` URL points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Location {
+    Memory,
+    File(PathBuf),
+}
+
+/// `sqlite://path`, `sqlite:path`, `sqlite::memory:`; a `?query` is
+/// ignored.
+pub(crate) fn parse_url(url: &str) -> Option<Location> {
+    let rest = url.strip_prefix("sqlite:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let path = rest.split('?').next().unwrap_or_default();
+    match path {
+        "" => None,
+        ":memory:" => Some(Location::Memory),
+        path => Some(Location::File(PathBuf::from(path))),
+    }
+}
+
+/// The SQLite sink.
+pub(crate) struct SqliteSink {
+    conn: Arc<Mutex<Connection>>,
+    statements: Arc<Compiled>,
+    acquire_timeout: Duration,
+    in_use: Arc<AtomicUsize>,
+}
+
+impl SqliteSink {
+    pub(crate) async fn open(
+        settings: &SinkSettings,
+        statements: Compiled,
+    ) -> Result<Self, SinkSetupError> {
+        let location = parse_url(settings.url.trim())
+            .ok_or_else(|| SinkSetupError::UnsupportedUrl(settings.url.clone()))?;
+        let busy_timeout = settings.lock_timeout;
+        let conn = tokio::task::spawn_blocking(move || open_connection(&location, busy_timeout))
+            .await
+            .map_err(|e| SinkSetupError::Connect(e.to_string()))??;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            statements: Arc::new(statements),
+            acquire_timeout: settings.acquire_timeout,
+            in_use: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+}
+
+fn open_connection(
+    location: &Location,
+    busy_timeout: Duration,
+) -> Result<Connection, SinkSetupError> {
+    let connect = |e: &dyn std::fmt::Display| SinkSetupError::Connect(e.to_string());
+    let conn = match location {
+        Location::Memory => Connection::open_in_memory().map_err(|e| connect(&e))?,
+        Location::File(path) => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    SinkSetupError::Connect(format!("cannot create {}: {e}", parent.display()))
+                })?;
+            }
+            Connection::open(Path::new(path)).map_err(|e| connect(&e))?
+        }
+    };
+    conn.busy_timeout(busy_timeout).map_err(|e| connect(&e))?;
+    if let Location::File(_) = location {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+            .map_err(|e| connect(&e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(SinkSetupError::Connect(format!(
+                "cannot switch to WAL (journal_mode is {mode})"
+            )));
+        }
+    }
+    conn.execute_batch("PRAGMA foreign_keys = ON")
+        .map_err(|e| connect(&e))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    conn.execute_batch(MIGRATION)
+        .map_err(|e| SinkSetupError::Migrate(e.to_string()))?;
+    Ok(conn)
+}
+
+/// What the blocking side needs, owned.
+struct Job {
+    event_id: String,
+    source: String,
+    entity_key: Option<String>,
+    payload: Option<String>,
+    received_at: String,
+    values: Vec<Vec<ParamValue>>,
+}
+
+#[async_trait]
+impl Sink for SqliteSink {
+    async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
+        let statements = self
+            .statements
+            .get(event.source)
+            .map_or(&[][..], Vec::as_slice);
+        let json = parse_body(event.body);
+        let values = statements
+            .iter()
+            .map(|s| s.values(event, json.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let payload = json
+            .as_ref()
+            .and_then(|_| std::str::from_utf8(event.body).ok())
+            .map(str::to_owned);
+        let received_at = DateTime::from_timestamp_millis(event.received_at_ms)
+            .unwrap_or_default()
+            .format("%Y-%m-%dT%H:%M:%S%.3fZ")
+            .to_string();
+        let job = Job {
+            event_id: event.event_id.to_owned(),
+            source: event.source.to_owned(),
+            entity_key: event.entity_key.map(str::to_owned),
+            payload,
+            received_at,
+            values,
+        };
+
+        let mut conn = tokio::time::timeout(self.acquire_timeout, self.conn.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                SinkError::dependency(
+                    "pool_timeout",
+                    "timed out waiting for the SQLite connection",
+                )
+            })?;
+        let statements = Arc::clone(&self.statements);
+        let in_use = Arc::clone(&self.in_use);
+        in_use.fetch_add(1, Ordering::Relaxed);
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = run(&mut conn, &statements, &job);
+            in_use.fetch_sub(1, Ordering::Relaxed);
+            result
+        })
+        .await;
+        joined.map_err(|e| SinkError::dependency("database", format!("apply task failed: {e}")))?
+    }
+
+    fn pool_usage(&self) -> (usize, usize) {
+        (self.in_use.load(Ordering::Relaxed), 1)
+    }
+}
+
+fn run(conn: &mut Connection, statements: &Compiled, job: &Job) -> Result<Applied, SinkError> {
+    if !conn.is_autocommit() {
+        // A previous transaction was left open (it should not be: a dropped
+        // `Transaction` rolls back); never run inside it.
+        conn.execute_batch("ROLLBACK").map_err(classify)?;
+    }
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(classify)?;
+    let inserted = tx
+        .prepare_cached(INSERT_INBOX)
+        .and_then(|mut s| {
+            s.execute(rusqlite::params![
+                job.event_id,
+                job.source,
+                job.entity_key,
+                job.payload,
+                job.received_at
+            ])
+        })
+        .map_err(classify)?;
+    if inserted == 0 {
+        tx.commit().map_err(classify)?;
+        return Ok(Applied::Duplicate);
+    }
+    let compiled = statements.get(&job.source).map_or(&[][..], Vec::as_slice);
+    for (statement, values) in compiled.iter().zip(&job.values) {
+        let mut prepared = tx.prepare_cached(&statement.sql).map_err(classify)?;
+        let mut rows = prepared
+            .query(rusqlite::params_from_iter(values.iter().map(to_sqlite)))
+            .map_err(classify)?;
+        // Drain, so statements with RETURNING (or a SELECT) run to the end.
+        while rows.next().map_err(classify)?.is_some() {}
+    }
+    tx.commit().map_err(classify)?;
+    Ok(Applied::New)
+}
+
+fn to_sqlite(value: &ParamValue) -> SqlValue {
+    match value {
+        ParamValue::Null | ParamValue::Json(Value::Null) => SqlValue::Null,
+        ParamValue::Text(s) | ParamValue::Json(Value::String(s)) => SqlValue::Text(s.clone()),
+        ParamValue::Json(Value::Bool(b)) => SqlValue::Integer(i64::from(*b)),
+        ParamValue::Json(Value::Number(n)) => match n.as_i64() {
+            Some(i) => SqlValue::Integer(i),
+            None => n
+                .as_f64()
+                .map_or_else(|| SqlValue::Text(n.to_string()), SqlValue::Real),
+        },
+        ParamValue::Json(v) => SqlValue::Text(v.to_string()),
+    }
+}
+
+/// Classifies a SQLite error by its primary result code.
+pub(crate) fn classify(err: rusqlite::Error) -> SinkError {
+    use FailureClass::{Dependency, Permanent};
+    let message = err.to_string();
+    let Some(sqlite) = err.sqlite_error() else {
+        return match err {
+            rusqlite::Error::InvalidParameterCount(..)
+            | rusqlite::Error::InvalidParameterName(_)
+            | rusqlite::Error::ToSqlConversionFailure(_)
+            | rusqlite::Error::MultipleStatement => SinkError::permanent("sql", message),
+            _ => SinkError::dependency("database", message),
+        };
+    };
+    let (class, kind) = match sqlite.code {
+        ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => (Dependency, "busy"),
+        ErrorCode::ConstraintViolation => (Permanent, "constraint"),
+        ErrorCode::TypeMismatch | ErrorCode::TooBig | ErrorCode::ParameterOutOfRange => {
+            (Permanent, "data")
+        }
+        // SQLITE_ERROR: no such table or column, syntax: a config bug.
+        ErrorCode::Unknown | ErrorCode::AuthorizationForStatementDenied => (Permanent, "sql"),
+        ErrorCode::OperationInterrupted => (Dependency, "statement_timeout"),
+        ErrorCode::DiskFull
+        | ErrorCode::SystemIoFailure
+        | ErrorCode::CannotOpen
+        | ErrorCode::OutOfMemory
+        | ErrorCode::ReadOnly
+        | ErrorCode::PermissionDenied
+        | ErrorCode::FileLockingProtocolFailed
+        | ErrorCode::NoLargeFileSupport => (Dependency, "resources"),
+        _ => (Dependency, "database"),
+    };
+    SinkError {
+        class,
+        kind,
+        code: Some(sqlite.extended_code.to_string()),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(parse_url("sqlite::memory:"), Some(Location::Memory));
+        assert_eq!(parse_url("sqlite://:memory:"), Some(Location::Memory));
+        assert_eq!(
+            parse_url("sqlite://data/bw.db?mode=rwc"),
+            Some(Location::File("data/bw.db".into()))
+        );
+        assert_eq!(
+            parse_url("sqlite:///var/lib/bw.db"),
+            Some(Location::File("/var/lib/bw.db".into()))
+        );
+        assert_eq!(
+            parse_url("sqlite:bw.db"),
+            Some(Location::File("bw.db".into()))
+        );
+        assert_eq!(parse_url("sqlite://"), None);
+        assert_eq!(parse_url("postgres://x"), None);
+    }
+
+    #[test]
+    fn values_bind_with_sqlite_affinity() {
+        use serde_json::json;
+        assert_eq!(to_sqlite(&ParamValue::Json(json!(3))), SqlValue::Integer(3));
+        assert_eq!(
+            to_sqlite(&ParamValue::Json(json!(2.5))),
+            SqlValue::Real(2.5)
+        );
+        assert_eq!(
+            to_sqlite(&ParamValue::Json(json!(true))),
+            SqlValue::Integer(1)
+        );
+        assert_eq!(
+            to_sqlite(&ParamValue::Json(json!({"a": [1]}))),
+            SqlValue::Text(r#"{"a":[1]}"#.into())
+        );
+        assert_eq!(to_sqlite(&ParamValue::Null), SqlValue::Null);
+    }
+}

@@ -1,0 +1,608 @@
+//! Integration tests of the PostgreSQL sink against a real server
+//! (`postgres@127.0.0.1:5432`, trust auth; override with
+//! `BREAKWATER_TEST_PG_URL`). Each test creates its own database and drops
+//! it when done, even if the test panics. The server being unreachable is a
+//! failure, never a skip.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use breakwater_sink::{
+    Applied, Event, FailureClass, Sink, SinkSettings, SinkSetupError, StatementSpec, connect,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_postgres::{Client, NoTls};
+
+fn base_url() -> String {
+    std::env::var("BREAKWATER_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn url_for(db: &str) -> String {
+    let base = base_url();
+    let (prefix, _) = base.rsplit_once('/').expect("the URL names a database");
+    format!("{prefix}/{db}")
+}
+
+async fn client(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL at {url} is unreachable ({e}); these tests need it (CI={})",
+                std::env::var("CI").unwrap_or_default()
+            )
+        });
+    tokio::spawn(connection);
+    client
+}
+
+/// A database of one's own, dropped on drop.
+struct TestDb {
+    name: String,
+    url: String,
+}
+
+impl TestDb {
+    async fn new() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "bw_sink_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let admin = client(&base_url()).await;
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            admin
+                .batch_execute(&sql)
+                .await
+                .expect("create the test database");
+        }
+        let url = url_for(&name);
+        Self { name, url }
+    }
+
+    async fn client(&self) -> Client {
+        client(&self.url).await
+    }
+
+    fn settings(&self) -> SinkSettings {
+        let mut s = SinkSettings::new(self.url.clone());
+        s.lock_timeout = Duration::from_millis(300);
+        s.statement_timeout = Duration::from_millis(2000);
+        s.acquire_timeout = Duration::from_millis(500);
+        s.pool_max = 4;
+        s
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Async drop does not exist: drop the database from a thread of its
+        // own, with a runtime of its own, also when the test panicked.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                if let Ok((c, conn)) = tokio_postgres::connect(&base_url(), NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = c
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+const ORDERS: &str = "
+CREATE TYPE order_status AS ENUM ('pending', 'paid', 'refunded');
+CREATE TABLE orders (
+    id         bigint PRIMARY KEY,
+    status     text NOT NULL CHECK (status IN ('pending', 'paid', 'refunded')),
+    kind       order_status,
+    amount     numeric(12, 2),
+    ratio      float8,
+    hits       int NOT NULL DEFAULT 0,
+    updated_at timestamptz
+);
+CREATE TABLE event_log (event_id text, shop text, body jsonb);
+INSERT INTO orders (id, status) VALUES (1042, 'pending'), (1043, 'pending');";
+
+fn spec(sql: &str, params: &[(&str, &str)]) -> StatementSpec {
+    StatementSpec {
+        sql: sql.to_owned(),
+        params: params
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    }
+}
+
+fn statements() -> BTreeMap<String, Vec<StatementSpec>> {
+    let mut all = BTreeMap::new();
+    all.insert(
+        "stripe".to_owned(),
+        vec![
+            spec(
+                "UPDATE orders SET status = $status, updated_at = now(), hits = hits + 1 \
+                 WHERE id = $entity",
+                &[("status", "json:/data/object/status")],
+            ),
+            spec(
+                "INSERT INTO event_log (event_id, shop, body) VALUES ($event_id, $shop, $payload)",
+                &[("shop", "header:X-Shop-Domain")],
+            ),
+        ],
+    );
+    all.insert(
+        "typed".to_owned(),
+        vec![spec(
+            "UPDATE orders SET amount = $amount, kind = $kind, ratio = 1 / $n \
+             WHERE id = $entity",
+            &[
+                ("amount", "json:/amount"),
+                ("kind", "json:/kind"),
+                ("n", "json:/n"),
+            ],
+        )],
+    );
+    all.insert(
+        "plain".to_owned(),
+        vec![spec(
+            "UPDATE orders SET hits = hits + 1 WHERE id = $entity",
+            &[],
+        )],
+    );
+    all
+}
+
+fn headers() -> Vec<(String, String)> {
+    vec![("x-shop-domain".to_owned(), "shop.example".to_owned())]
+}
+
+fn event<'a>(
+    source: &'a str,
+    id: &'a str,
+    key: &'a str,
+    headers: &'a [(String, String)],
+    body: &'a [u8],
+) -> Event<'a> {
+    Event {
+        source,
+        event_id: id,
+        entity_key: Some(key),
+        headers,
+        body,
+        received_at_ms: 1_700_000_000_000,
+    }
+}
+
+async fn setup(db: &TestDb, settings: &SinkSettings) -> (Arc<dyn Sink>, Client) {
+    let c = db.client().await;
+    c.batch_execute(ORDERS).await.expect("schema");
+    let sink = connect(settings, &statements()).await.expect("connect");
+    (sink, c)
+}
+
+async fn hits(c: &Client, id: i64) -> i32 {
+    c.query_one("SELECT hits FROM orders WHERE id = $1", &[&id])
+        .await
+        .expect("hits")
+        .get(0)
+}
+
+#[tokio::test]
+async fn new_then_duplicate_applies_once_with_converted_types() {
+    let db = TestDb::new().await;
+    let (sink, c) = setup(&db, &db.settings()).await;
+    let h = headers();
+    let body = br#"{"id":"evt_1","data":{"object":{"id":1042,"status":"paid"}}}"#;
+    let ev = event("stripe", "evt_1", "1042", &h, body);
+
+    assert_eq!(sink.apply(&ev).await.expect("first"), Applied::New);
+    assert_eq!(sink.apply(&ev).await.expect("second"), Applied::Duplicate);
+
+    let row = c
+        .query_one(
+            "SELECT status, hits, updated_at IS NOT NULL FROM orders WHERE id = 1042",
+            &[],
+        )
+        .await
+        .expect("order");
+    assert_eq!(row.get::<_, String>(0), "paid");
+    assert_eq!(row.get::<_, i32>(1), 1, "the statement ran once");
+    assert!(row.get::<_, bool>(2));
+    let log = c
+        .query_one(
+            "SELECT shop, body->'data'->'object'->>'status' FROM event_log",
+            &[],
+        )
+        .await
+        .expect("one log row");
+    assert_eq!(log.get::<_, String>(0), "shop.example");
+    assert_eq!(log.get::<_, String>(1), "paid");
+    let inbox = c
+        .query_one(
+            "SELECT source, entity_key, payload->>'id', applied_at IS NOT NULL, \
+             extract(epoch FROM received_at)::int8 FROM breakwater_inbox WHERE event_id = 'evt_1'",
+            &[],
+        )
+        .await
+        .expect("inbox row");
+    assert_eq!(inbox.get::<_, String>(0), "stripe");
+    assert_eq!(inbox.get::<_, String>(1), "1042");
+    assert_eq!(inbox.get::<_, String>(2), "evt_1");
+    assert!(inbox.get::<_, bool>(3));
+    assert_eq!(inbox.get::<_, i64>(4), 1_700_000_000);
+
+    // A body that is not JSON still applies when no statement needs JSON;
+    // its payload is NULL.
+    let ev = event("plain", "evt_2", "1043", &h, b"not json");
+    assert_eq!(sink.apply(&ev).await.expect("plain"), Applied::New);
+    assert_eq!(hits(&c, 1043).await, 1);
+    let payload_null: bool = c
+        .query_one(
+            "SELECT payload IS NULL FROM breakwater_inbox WHERE event_id = 'evt_2'",
+            &[],
+        )
+        .await
+        .expect("inbox row")
+        .get(0);
+    assert!(payload_null);
+    // A source without statements records the event only.
+    let ev = event("unknown", "evt_3", "1043", &h, b"{}");
+    assert_eq!(sink.apply(&ev).await.expect("no statements"), Applied::New);
+    assert_eq!(sink.pool_usage().1, 4);
+}
+
+#[tokio::test]
+async fn numeric_enum_and_data_errors() {
+    let db = TestDb::new().await;
+    let (sink, c) = setup(&db, &db.settings()).await;
+    let body = br#"{"amount": 12.34, "kind": "paid", "n": 4}"#;
+    let ev = event("typed", "evt_t1", "1042", &[], body);
+    assert_eq!(sink.apply(&ev).await.expect("typed"), Applied::New);
+    let row = c
+        .query_one(
+            "SELECT amount::text, kind::text, ratio FROM orders WHERE id = 1042",
+            &[],
+        )
+        .await
+        .expect("order");
+    assert_eq!(row.get::<_, String>(0), "12.34");
+    assert_eq!(row.get::<_, String>(1), "paid");
+    assert_eq!(row.get::<_, f64>(2), 0.0, "1 / 4 in integer arithmetic");
+
+    // The entity key is not a bigint: converting it fails before the DB.
+    let ev = event("typed", "evt_t2", "abc", &[], body);
+    let err = sink.apply(&ev).await.expect_err("bad key");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "data"),
+        "{err}"
+    );
+
+    // Division by zero is the database's data exception (class 22).
+    let body = br#"{"amount": 1, "kind": "paid", "n": 0}"#;
+    let ev = event("typed", "evt_t3", "1042", &[], body);
+    let err = sink.apply(&ev).await.expect_err("division by zero");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "data"),
+        "{err}"
+    );
+    assert_eq!(err.code.as_deref(), Some("22012"));
+
+    // Not a label of the enum: invalid input value (22P02).
+    let body = br#"{"amount": 1, "kind": "lost", "n": 1}"#;
+    let ev = event("typed", "evt_t4", "1042", &[], body);
+    let err = sink.apply(&ev).await.expect_err("bad enum label");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "data"),
+        "{err}"
+    );
+
+    // A field the statement needs is missing; the body is not JSON.
+    let ev = event("typed", "evt_t5", "1042", &[], br#"{"amount": 1}"#);
+    let err = sink.apply(&ev).await.expect_err("missing");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "missing_param")
+    );
+    let ev = event("typed", "evt_t6", "1042", &[], b"<xml/>");
+    let err = sink.apply(&ev).await.expect_err("not json");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "invalid_json")
+    );
+
+    // None of the failures left an inbox row behind.
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM breakwater_inbox", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn constraint_violation_is_permanent_and_rolls_back() {
+    let db = TestDb::new().await;
+    let (sink, c) = setup(&db, &db.settings()).await;
+    let h = headers();
+    let body = br#"{"data":{"object":{"status":"bogus"}}}"#;
+    let ev = event("stripe", "evt_c", "1042", &h, body);
+    let err = sink.apply(&ev).await.expect_err("check violation");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "constraint"),
+        "{err}"
+    );
+    assert_eq!(err.code.as_deref(), Some("23514"));
+    assert!(err.message.contains("orders_status_check"), "{err}");
+    let n: i64 = c
+        .query_one("SELECT count(*) FROM breakwater_inbox", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(n, 0, "the inbox insert was rolled back");
+    // The connection went back to the pool usable.
+    let ev = event("plain", "evt_ok", "1042", &h, b"{}");
+    assert_eq!(sink.apply(&ev).await.expect("after"), Applied::New);
+}
+
+async fn hold_row_lock(db: &TestDb, id: i64) -> (Client, i32) {
+    let holder = db.client().await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT * FROM orders WHERE id = {id} FOR UPDATE"
+        ))
+        .await
+        .expect("lock the row");
+    let pid: i32 = holder
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pid")
+        .get(0);
+    (holder, pid)
+}
+
+#[tokio::test]
+async fn a_held_row_lock_is_a_lock_timeout() {
+    let db = TestDb::new().await;
+    let settings = db.settings();
+    let (sink, c) = setup(&db, &settings).await;
+    let (holder, _) = hold_row_lock(&db, 1042).await;
+
+    let ev = event("plain", "evt_l", "1042", &[], b"{}");
+    let started = Instant::now();
+    let err = sink.apply(&ev).await.expect_err("locked");
+    let waited = started.elapsed();
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Dependency, "lock_timeout"),
+        "{err}"
+    );
+    assert_eq!(err.code.as_deref(), Some("55P03"));
+    assert!(err.is_lock_related());
+    assert!(
+        waited >= settings.lock_timeout && waited < settings.lock_timeout * 4,
+        "waited {waited:?}"
+    );
+
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    assert_eq!(sink.apply(&ev).await.expect("retry"), Applied::New);
+    assert_eq!(hits(&c, 1042).await, 1);
+}
+
+#[tokio::test]
+async fn lock_snapshot_sees_the_waiter_and_survives_a_full_pool() {
+    let db = TestDb::new().await;
+    let mut settings = db.settings();
+    settings.lock_timeout = Duration::from_millis(3000);
+    settings.statement_timeout = Duration::from_millis(5000);
+    settings.pool_max = 1;
+    settings.acquire_timeout = Duration::from_millis(200);
+    let (sink, _c) = setup(&db, &settings).await;
+
+    let idle = sink.lock_snapshot().await.expect("snapshot");
+    assert_eq!(idle.waiting, 0);
+    assert!(idle.blockers.is_empty());
+
+    let (holder, holder_pid) = hold_row_lock(&db, 1042).await;
+    let waiter = {
+        let sink = Arc::clone(&sink);
+        tokio::spawn(async move {
+            let ev = event("plain", "evt_w", "1042", &[], b"{}");
+            sink.apply(&ev).await
+        })
+    };
+    // Let the waiter take the only connection and block on the row.
+    let mut snapshot = None;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let s = sink.lock_snapshot().await.expect("snapshot");
+        if s.waiting == 1 {
+            snapshot = Some(s);
+            break;
+        }
+    }
+    let snapshot = snapshot.expect("one session waits on the lock");
+    assert_eq!(snapshot.blockers, vec![holder_pid]);
+    assert_eq!(sink.pool_usage(), (1, 1));
+
+    // The pool is exhausted: an unrelated row cannot get a connection.
+    let started = Instant::now();
+    let ev = event("plain", "evt_other", "1043", &[], b"{}");
+    let err = sink.apply(&ev).await.expect_err("pool exhausted");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Dependency, "pool_timeout"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    let applied = waiter
+        .await
+        .expect("join")
+        .expect("applied after the release");
+    assert_eq!(applied, Applied::New);
+    assert_eq!(
+        sink.apply(&ev).await.expect("pool free again"),
+        Applied::New
+    );
+}
+
+#[tokio::test]
+async fn unreachable_database_is_a_connection_failure() {
+    let mut settings = SinkSettings::new("postgres://postgres@127.0.0.1:1/test");
+    settings.acquire_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = match connect(&settings, &BTreeMap::new()).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected to a closed port"),
+    };
+    assert!(matches!(err, SinkSetupError::Connect(_)), "{err}");
+    assert!(err.to_string().to_lowercase().contains("refused"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+/// A TCP proxy to PostgreSQL that can be cut.
+struct Proxy {
+    port: u16,
+    tasks: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let tasks = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accept = {
+            let tasks = Arc::clone(&tasks);
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let upstream = upstream.clone();
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(upstream).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    tasks.lock().expect("tasks").push(task);
+                }
+            })
+        };
+        Self {
+            port,
+            tasks,
+            accept,
+        }
+    }
+
+    fn cut(&self) {
+        self.accept.abort();
+        for task in self.tasks.lock().expect("tasks").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_lost_connection_is_a_dependency_failure() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(ORDERS)
+        .await
+        .expect("schema");
+    let proxy = Proxy::start("127.0.0.1:5432".to_owned()).await;
+    let mut settings = db.settings();
+    settings.url = format!("postgres://postgres@127.0.0.1:{}/{}", proxy.port, db.name);
+    let sink = connect(&settings, &statements())
+        .await
+        .expect("connect through the proxy");
+    let ev = event("plain", "evt_p1", "1042", &[], b"{}");
+    assert_eq!(
+        sink.apply(&ev).await.expect("through the proxy"),
+        Applied::New
+    );
+
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let ev = event("plain", "evt_p2", "1042", &[], b"{}");
+    let err = sink.apply(&ev).await.expect_err("database gone");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Dependency, "connection"),
+        "{err}"
+    );
+    assert!(sink.lock_snapshot().await.is_none());
+}
+
+#[tokio::test]
+async fn config_bugs_surface_at_connect_or_as_sql_errors() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(ORDERS)
+        .await
+        .expect("schema");
+    let mut bad = BTreeMap::new();
+    bad.insert(
+        "s".to_owned(),
+        vec![spec("UPDATE orders SET status = $stauts", &[])],
+    );
+    match connect(&db.settings(), &bad).await {
+        Err(SinkSetupError::Statement {
+            source_name,
+            index,
+            message,
+        }) => {
+            assert_eq!((source_name.as_str(), index), ("s", 0));
+            assert!(message.contains("$stauts"), "{message}");
+        }
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("accepted an unknown parameter"),
+    }
+
+    let mut missing_table = BTreeMap::new();
+    missing_table.insert(
+        "s".to_owned(),
+        vec![spec("UPDATE nope SET a = 1 WHERE id = $entity", &[])],
+    );
+    let sink = connect(&db.settings(), &missing_table)
+        .await
+        .expect("connect");
+    let err = sink
+        .apply(&event("s", "evt_x", "1", &[], b"{}"))
+        .await
+        .expect_err("no such table");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "sql"),
+        "{err}"
+    );
+    assert_eq!(err.code.as_deref(), Some("42P01"));
+    // Connecting twice (a second node) leaves the inbox table alone.
+    connect(&db.settings(), &BTreeMap::new())
+        .await
+        .expect("again");
+}

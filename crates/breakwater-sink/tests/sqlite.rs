@@ -1,0 +1,229 @@
+//! Integration tests of the SQLite sink on a file in a temporary directory.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use breakwater_sink::{
+    Applied, Event, FailureClass, SinkSettings, SinkSetupError, StatementSpec, connect,
+};
+use rusqlite::Connection;
+
+fn statements() -> BTreeMap<String, Vec<StatementSpec>> {
+    let mut params = BTreeMap::new();
+    params.insert("status".to_owned(), "json:/data/object/status".to_owned());
+    params.insert("amount".to_owned(), "json:/data/object/amount".to_owned());
+    let mut all = BTreeMap::new();
+    all.insert(
+        "stripe".to_owned(),
+        vec![
+            StatementSpec {
+                sql: "UPDATE orders SET status = $status, amount = $amount, hits = hits + 1, \
+                      updated_at = datetime('now') WHERE id = $entity"
+                    .to_owned(),
+                params,
+            },
+            StatementSpec {
+                sql: "INSERT INTO event_log (event_id, body) VALUES ($event_id, $payload) \
+                      RETURNING rowid"
+                    .to_owned(),
+                params: BTreeMap::new(),
+            },
+        ],
+    );
+    all
+}
+
+fn schema(path: &Path) -> Connection {
+    let c = Connection::open(path).expect("open");
+    c.execute_batch(
+        "CREATE TABLE orders (
+             id INTEGER PRIMARY KEY,
+             status TEXT NOT NULL CHECK (status IN ('pending', 'paid')),
+             amount REAL,
+             hits INTEGER NOT NULL DEFAULT 0,
+             updated_at TEXT
+         );
+         CREATE TABLE event_log (event_id TEXT, body TEXT);
+         INSERT INTO orders (id, status) VALUES (1042, 'pending');",
+    )
+    .expect("schema");
+    c
+}
+
+fn settings(path: &Path) -> SinkSettings {
+    let mut s = SinkSettings::new(format!("sqlite://{}", path.display()));
+    s.lock_timeout = Duration::from_millis(200);
+    s.acquire_timeout = Duration::from_millis(500);
+    s
+}
+
+fn event<'a>(id: &'a str, body: &'a [u8]) -> Event<'a> {
+    Event {
+        source: "stripe",
+        event_id: id,
+        entity_key: Some("1042"),
+        headers: &[],
+        body,
+        received_at_ms: 1_700_000_000_123,
+    }
+}
+
+#[tokio::test]
+async fn new_then_duplicate_applies_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("nested/dir/bw.db");
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
+    let c = schema(&path);
+    let sink = connect(&settings(&path), &statements())
+        .await
+        .expect("connect");
+
+    let body = br#"{"data":{"object":{"status":"paid","amount":12.5}}}"#;
+    assert_eq!(
+        sink.apply(&event("evt_1", body)).await.expect("new"),
+        Applied::New
+    );
+    assert_eq!(
+        sink.apply(&event("evt_1", body)).await.expect("dup"),
+        Applied::Duplicate
+    );
+    let (status, amount, hits): (String, f64, i64) = c
+        .query_row(
+            "SELECT status, amount, hits FROM orders WHERE id = 1042",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .expect("order");
+    assert_eq!((status.as_str(), amount, hits), ("paid", 12.5, 1));
+    let (payload, received, applied): (String, String, Option<String>) = c
+        .query_row(
+            "SELECT payload, received_at, applied_at FROM breakwater_inbox WHERE event_id = 'evt_1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .expect("inbox");
+    assert_eq!(payload.as_bytes(), body);
+    assert_eq!(received, "2023-11-14T22:13:20.123Z");
+    assert!(applied.is_some());
+    let logged: i64 = c
+        .query_row("SELECT count(*) FROM event_log", [], |r| r.get(0))
+        .expect("log");
+    assert_eq!(logged, 1);
+    assert_eq!(sink.pool_usage(), (0, 1));
+}
+
+#[tokio::test]
+async fn constraint_violation_is_permanent_and_rolls_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let sink = connect(&settings(&path), &statements())
+        .await
+        .expect("connect");
+    let body = br#"{"data":{"object":{"status":"bogus","amount":1}}}"#;
+    let err = sink.apply(&event("evt_c", body)).await.expect_err("check");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "constraint"),
+        "{err}"
+    );
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM breakwater_inbox", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(n, 0, "rolled back");
+
+    let err = sink
+        .apply(&event("evt_m", br#"{"data":{}}"#))
+        .await
+        .expect_err("missing");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "missing_param")
+    );
+    let body = br#"{"data":{"object":{"status":"paid","amount":1}}}"#;
+    assert_eq!(
+        sink.apply(&event("evt_ok", body)).await.expect("ok"),
+        Applied::New
+    );
+}
+
+#[tokio::test]
+async fn a_writer_holding_the_lock_is_busy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    schema(&path);
+    let s = settings(&path);
+    let sink = connect(&s, &statements()).await.expect("connect");
+
+    let other = Connection::open(&path).expect("open");
+    other
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let body = br#"{"data":{"object":{"status":"paid","amount":1}}}"#;
+    let started = Instant::now();
+    let err = sink.apply(&event("evt_b", body)).await.expect_err("busy");
+    let waited = started.elapsed();
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Dependency, "busy"),
+        "{err}"
+    );
+    assert!(err.is_lock_related());
+    assert!(
+        waited >= s.lock_timeout && waited < s.lock_timeout * 5,
+        "waited {waited:?}"
+    );
+    other.execute_batch("COMMIT").expect("release");
+    assert_eq!(
+        sink.apply(&event("evt_b", body)).await.expect("after"),
+        Applied::New
+    );
+}
+
+#[tokio::test]
+async fn memory_urls_and_setup_errors() {
+    let sink = connect(&SinkSettings::new("sqlite::memory:"), &BTreeMap::new())
+        .await
+        .expect("memory");
+    assert_eq!(
+        sink.apply(&event("e", b"x")).await.expect("new"),
+        Applied::New
+    );
+    assert_eq!(
+        sink.apply(&event("e", b"x")).await.expect("dup"),
+        Applied::Duplicate
+    );
+    assert!(sink.lock_snapshot().await.is_none());
+
+    let err = match connect(&SinkSettings::new("mysql://x"), &BTreeMap::new()).await {
+        Err(e) => e,
+        Ok(_) => panic!("accepted mysql"),
+    };
+    assert!(matches!(err, SinkSetupError::UnsupportedUrl(_)), "{err}");
+
+    let mut bad = statements();
+    bad.insert(
+        "github".to_owned(),
+        vec![StatementSpec {
+            sql: "UPDATE t SET a = $nope".to_owned(),
+            params: BTreeMap::new(),
+        }],
+    );
+    let err = match connect(&SinkSettings::new("sqlite::memory:"), &bad).await {
+        Err(e) => e,
+        Ok(_) => panic!("accepted $nope"),
+    };
+    assert!(
+        matches!(&err, SinkSetupError::Statement { source_name, index: 0, .. } if source_name == "github"),
+        "{err}"
+    );
+
+    let mut s = SinkSettings::new("sqlite::memory:");
+    s.statement_timeout = s.lock_timeout;
+    let err = match connect(&s, &BTreeMap::new()).await {
+        Err(e) => e,
+        Ok(_) => panic!("accepted equal timeouts"),
+    };
+    assert!(matches!(err, SinkSetupError::Settings(_)), "{err}");
+}

@@ -1,0 +1,60 @@
+//! A small client of the admin API, for the CLI (`breaker status|trip|reset`,
+//! and `dlq replay`, which waits while the breaker is open).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Why an admin call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminClientError {
+    #[error("cannot reach the admin API at {addr} (is `breakwater serve` running?): {detail}")]
+    Unreachable { addr: SocketAddr, detail: String },
+    #[error("admin API answered {status}: {body}")]
+    Status { status: u16, body: String },
+    #[error("admin API answered something that is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Calls `method path` on the admin listener and returns its JSON.
+pub async fn call(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: Method,
+    path_and_query: &str,
+) -> Result<serde_json::Value, AdminClientError> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path_and_query}"));
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let unreachable = |detail: String| AdminClientError::Unreachable { addr, detail };
+    let req = req
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| unreachable(e.to_string()))?;
+    let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
+        .await
+        .map_err(|_| unreachable("no answer in 5 s".to_owned()))?
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(AdminClientError::Status {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&body).into_owned(),
+        });
+    }
+    Ok(serde_json::from_slice(&body)?)
+}

@@ -1,0 +1,341 @@
+//! The breaker controller: the one place the service touches the breaker.
+//!
+//! It owns the [`Breaker`] (behind a mutex; every call is short) and its
+//! lock-free [`SharedGate`], which workers read before each claim. A tick
+//! task feeds it the signals that are sampled rather than reported:
+//!
+//! | every | what | breaker input |
+//! |---|---|---|
+//! | 100 ms | worker heartbeats (which slots are applying, for how long) | `observe_heartbeats` |
+//! | 1 s | queue counts | `observe_queue` |
+//! | 1 s | database lock waiters (`pg_stat_activity`) | `observe_db_lock_waiters` |
+//! | 100 ms | evaluation | `evaluate` |
+//!
+//! Workers report each outcome directly ([`Controller::record`]). Every
+//! transition is logged once with its reason, counted in metrics, and wakes
+//! the dispatcher ([`Controller::changed`]).
+//!
+//! Heartbeats: a worker slot applying a message for longer than
+//! [`LOCK_WAIT_AFTER`] is reported as in a lock wait. The statements a sink
+//! runs are short; a call that long is waiting on something, nearly always a
+//! row lock (the database's own view, from `pg_stat_activity`, is the
+//! separate lock-waiters signal).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use breakwater_control::{
+    Breaker, BreakerConfig, BreakerStatus, ConfigError, GateSnapshot, Heartbeat, Outcome,
+    ProbeTicket, QueueSample, SharedGate, State, Transition, WorkerState,
+};
+use breakwater_sink::Sink;
+use tokio::sync::{Notify, watch};
+
+use crate::queue::Queue;
+use crate::telemetry;
+
+/// An apply running longer than this counts as a lock wait in heartbeats.
+pub const LOCK_WAIT_AFTER: Duration = Duration::from_millis(250);
+const TICK: Duration = Duration::from_millis(100);
+const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+
+/// Start times of the applies in progress, one slot per worker.
+#[derive(Debug)]
+pub struct Slots {
+    started: Mutex<Vec<Option<Instant>>>,
+}
+
+/// A worker slot held while a message is applied; frees itself on drop.
+pub struct SlotGuard<'a> {
+    slots: &'a Slots,
+    index: usize,
+}
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        Self {
+            started: Mutex::new(vec![None; n]),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Option<Instant>>> {
+        self.started
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Marks a free slot as applying since `now` (grows if all are taken).
+    pub fn begin(&self, now: Instant) -> SlotGuard<'_> {
+        let mut s = self.lock();
+        let index = match s.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                s.push(None);
+                s.len() - 1
+            }
+        };
+        s[index] = Some(now);
+        SlotGuard { slots: self, index }
+    }
+
+    fn heartbeats(&self, now: Instant) -> Vec<Heartbeat> {
+        self.lock()
+            .iter()
+            .enumerate()
+            .map(|(i, started)| Heartbeat {
+                worker: i as u64,
+                state: match started {
+                    None => WorkerState::Idle,
+                    Some(t) if now.saturating_duration_since(*t) >= LOCK_WAIT_AFTER => {
+                        WorkerState::LockWait {
+                            waited: now.saturating_duration_since(*t),
+                        }
+                    }
+                    Some(_) => WorkerState::Applying,
+                },
+                at: now,
+            })
+            .collect()
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slots.lock().get_mut(self.index) {
+            *slot = None;
+        }
+    }
+}
+
+/// The breaker and everything that feeds it.
+pub struct Controller {
+    breaker: Mutex<Breaker>,
+    gate: Arc<SharedGate>,
+    changed: Notify,
+    pub slots: Slots,
+    last_lock_waiters: Mutex<Option<u32>>,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("gate", &self.gate.load())
+            .finish()
+    }
+}
+
+impl Controller {
+    /// A controller for a pool of `workers` slots.
+    pub fn new(config: BreakerConfig, workers: usize) -> Result<Arc<Self>, ConfigError> {
+        let breaker = Breaker::new(config, Instant::now())?;
+        let gate = breaker.shared_gate();
+        let controller = Self {
+            breaker: Mutex::new(breaker),
+            gate,
+            changed: Notify::new(),
+            slots: Slots::new(workers),
+            last_lock_waiters: Mutex::new(None),
+        };
+        controller.publish_gauges();
+        Ok(Arc::new(controller))
+    }
+
+    fn breaker(&self) -> MutexGuard<'_, Breaker> {
+        self.breaker
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What workers may do now: one atomic load.
+    pub fn gate(&self) -> GateSnapshot {
+        self.gate.load()
+    }
+
+    /// Resolves at the next transition.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// Reports a finished apply.
+    pub fn record(&self, outcome: Outcome, probe: Option<ProbeTicket>) {
+        let now = Instant::now();
+        let t = {
+            let mut b = self.breaker();
+            match probe {
+                Some(ticket) => b.record_probe_outcome(ticket, outcome, now),
+                None => b.record_outcome(outcome, now),
+            }
+        };
+        if let Some(t) = t {
+            self.announce(&t);
+        }
+    }
+
+    /// Half-open: takes a probe slot if one is free.
+    pub fn try_admit_probe(&self) -> Option<ProbeTicket> {
+        self.breaker().try_admit_probe(Instant::now())
+    }
+
+    /// The breaker's full status.
+    pub fn status(&self) -> BreakerStatus {
+        self.breaker().status(Instant::now())
+    }
+
+    /// Forces the breaker open (manual trip), for `ttl` or until reset.
+    pub fn trip(&self, note: &str, ttl: Option<Duration>) -> Transition {
+        let t = self.breaker().force_open(note, ttl, Instant::now());
+        self.announce(&t);
+        t
+    }
+
+    /// Ends a manual override (or forces closed with `force_closed`).
+    pub fn reset(&self, force_closed: bool, ttl: Option<Duration>) -> Option<Transition> {
+        let now = Instant::now();
+        let t = {
+            let mut b = self.breaker();
+            if force_closed {
+                Some(b.force_closed(ttl, now))
+            } else {
+                b.clear_override(now)
+            }
+        };
+        if let Some(t) = &t {
+            self.announce(t);
+        }
+        t
+    }
+
+    /// The last lock-waiter count the database reported.
+    pub fn last_lock_waiters(&self) -> Option<u32> {
+        *self
+            .last_lock_waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn announce(&self, t: &Transition) {
+        if t.to == State::Open {
+            tracing::warn!(from = %t.from, to = %t.to, dry_run = t.dry_run, limit = t.limit,
+                "breaker: {}", t.reason);
+        } else {
+            tracing::info!(from = %t.from, to = %t.to, dry_run = t.dry_run, limit = t.limit,
+                "breaker: {}", t.reason);
+        }
+        metrics::counter!(telemetry::BREAKER_TRANSITIONS, "to" => t.to.as_str()).increment(1);
+        self.publish_gauges();
+        self.changed.notify_waiters();
+    }
+
+    fn publish_gauges(&self) {
+        let g = self.gate.load();
+        let state = match g.state {
+            State::Closed => 0.0,
+            State::Open => 1.0,
+            State::HalfOpen => 2.0,
+            State::Ramping => 3.0,
+        };
+        metrics::gauge!(telemetry::BREAKER_STATE).set(state);
+        metrics::gauge!(telemetry::BREAKER_LIMIT).set(f64::from(g.limit));
+    }
+
+    /// The tick loop: samples signals and evaluates until `stop`.
+    pub async fn run(
+        self: Arc<Self>,
+        queue: Arc<dyn Queue>,
+        sink: Arc<dyn Sink>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_sample: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            let now = Instant::now();
+            if last_sample.is_none_or(|t| now.duration_since(t) >= SAMPLE_EVERY) {
+                last_sample = Some(now);
+                self.sample(queue.as_ref(), sink.as_ref()).await;
+            }
+            let now = Instant::now();
+            let beats = self.slots.heartbeats(now);
+            let t = {
+                let mut b = self.breaker();
+                b.observe_heartbeats(&beats, now);
+                b.evaluate(now)
+            };
+            if let Some(t) = t {
+                self.announce(&t);
+            }
+        }
+    }
+
+    async fn sample(&self, queue: &dyn Queue, sink: &dyn Sink) {
+        match queue.stats().await {
+            Ok(s) => {
+                let sample = QueueSample {
+                    visible: s.visible,
+                    in_flight: s.in_flight,
+                    dead_lettered_total: s.dead_lettered_total,
+                    processed_total: s.acked_total + s.dead_lettered_total,
+                };
+                self.breaker().observe_queue(sample, Instant::now());
+                for (state, v) in [
+                    ("visible", s.visible),
+                    ("in_flight", s.in_flight),
+                    ("delayed", s.delayed),
+                    ("dead_lettered", s.dead_lettered),
+                ] {
+                    metrics::gauge!(telemetry::QUEUE_MESSAGES, "state" => state).set(v as f64);
+                }
+                metrics::gauge!(telemetry::QUEUE_OLDEST_AGE_SECONDS)
+                    .set(s.oldest_visible_age_ms as f64 / 1000.0);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read queue stats for the breaker"),
+        }
+        if let Some(snapshot) = sink.lock_snapshot().await {
+            self.breaker()
+                .observe_db_lock_waiters(snapshot.waiting, Instant::now());
+            metrics::gauge!(telemetry::DB_LOCK_WAITERS).set(f64::from(snapshot.waiting));
+            *self
+                .last_lock_waiters
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot.waiting);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_report_idle_applying_and_lock_wait() {
+        let slots = Slots::new(3);
+        let t = Instant::now();
+        let a = slots.begin(t);
+        let _b = slots.begin(t + Duration::from_millis(900));
+        let beats = slots.heartbeats(t + Duration::from_secs(1));
+        assert!(
+            matches!(beats[0].state, WorkerState::LockWait { waited } if waited == Duration::from_secs(1))
+        );
+        assert_eq!(beats[1].state, WorkerState::Applying);
+        assert_eq!(beats[2].state, WorkerState::Idle);
+        drop(a);
+        let beats = slots.heartbeats(t + Duration::from_secs(1));
+        assert_eq!(beats[0].state, WorkerState::Idle);
+    }
+
+    #[test]
+    fn manual_trip_closes_the_gate_and_reset_reopens_it() {
+        let c = Controller::new(BreakerConfig::default(), 4).expect("controller");
+        assert!(c.gate().may_poll);
+        let t = c.trip("maintenance", None);
+        assert_eq!(t.to, State::Open);
+        assert!(!c.gate().may_poll);
+        let back = c.reset(false, None);
+        assert!(back.is_some());
+        assert!(c.gate().may_poll || c.gate().probe_only);
+    }
+}

@@ -1,0 +1,384 @@
+//! Hot-key lanes: at most `per_key` messages of one entity key applied at
+//! once, and a small per-key breaker that parks a key whose row is locked.
+//!
+//! Pure logic, no I/O, time injected: the dispatcher asks [`Lanes::admit`]
+//! for every claimed message and reports with [`Lanes::finish`].
+//!
+//! # Why
+//!
+//! A burst for one hot row (order 1042) must occupy one connection, not the
+//! pool. So a message whose key is busy waits here, in memory, while
+//! messages for other keys run. And when a message of that key fails on the
+//! row's lock (lock timeout, deadlock), the key is *parked*: its messages
+//! are handed back to the queue untried (no attempt counted) until the park
+//! ends, then one message goes through as the key's probe. Parks grow
+//! (base, 2x base, ... up to the cap) while the key keeps failing and reset
+//! on its first success. One locked row thus costs at most one waiting
+//! session at a time, the rest of the fleet keeps flowing, and the global
+//! breaker is left for global trouble (a slow or unreachable database).
+//!
+//! # Invariants
+//!
+//! - at most `per_key` running messages per key;
+//! - a parked key runs nothing until its park ends;
+//! - at most `max_held` messages wait in memory; beyond that a message is
+//!   released back to the queue with a short delay;
+//! - every item handed to `admit` comes back exactly once: as `Run`, as
+//!   `Release`, or later from `finish` / `drain`.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// What to do with an admitted message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admit<T> {
+    /// Apply it now.
+    Run(T),
+    /// Kept here until its key is free.
+    Held,
+    /// Hand it back to the queue untried, visible again after the delay.
+    Release(T, Duration),
+}
+
+/// How a message of a key ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneOutcome {
+    Success,
+    /// The row's lock: lock timeout, deadlock, busy.
+    LockFailure,
+    /// Anything else (other failures do not park the key).
+    Other,
+}
+
+/// What `finish` decided: messages to run now and messages to release.
+#[derive(Debug)]
+pub struct Next<T> {
+    pub run: Vec<T>,
+    pub release: Vec<(T, Duration)>,
+    /// Set when this outcome parked the key, for logging.
+    pub parked_for: Option<Duration>,
+}
+
+impl<T> Default for Next<T> {
+    fn default() -> Self {
+        Self {
+            run: Vec::new(),
+            release: Vec::new(),
+            parked_for: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Park {
+    until: Instant,
+    strikes: u32,
+}
+
+/// Settings of the lanes.
+#[derive(Debug, Clone, Copy)]
+pub struct LaneSettings {
+    /// Messages of one key applied at once; 0 disables lanes.
+    pub per_key: u32,
+    /// Messages waiting in memory, all keys together.
+    pub max_held: usize,
+    /// First park of a key after a lock failure.
+    pub park_base: Duration,
+    /// Longest park.
+    pub park_cap: Duration,
+    /// Delay of a message released because too many are held.
+    pub overflow_delay: Duration,
+}
+
+impl Default for LaneSettings {
+    fn default() -> Self {
+        Self {
+            per_key: 1,
+            max_held: 256,
+            park_base: Duration::from_millis(500),
+            park_cap: Duration::from_secs(4),
+            overflow_delay: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A parked key, for status output.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ParkedKey {
+    pub key: String,
+    pub remaining_ms: u64,
+    pub strikes: u32,
+}
+
+/// The lanes of every key.
+#[derive(Debug)]
+pub struct Lanes<T> {
+    settings: LaneSettings,
+    running: HashMap<String, u32>,
+    waiting: HashMap<String, VecDeque<T>>,
+    held: usize,
+    parked: HashMap<String, Park>,
+}
+
+impl<T> Lanes<T> {
+    pub fn new(settings: LaneSettings) -> Self {
+        Self {
+            settings,
+            running: HashMap::new(),
+            waiting: HashMap::new(),
+            held: 0,
+            parked: HashMap::new(),
+        }
+    }
+
+    /// Messages waiting in memory.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Whether a message of `key` would run now (not parked, lane free).
+    pub fn can_run(&self, key: Option<&str>, now: Instant) -> bool {
+        let Some(key) = key.filter(|_| self.settings.per_key > 0) else {
+            return true;
+        };
+        let parked = self.parked.get(key).is_some_and(|p| p.until > now);
+        !parked && self.running.get(key).copied().unwrap_or(0) < self.settings.per_key
+    }
+
+    /// Decides what to do with a message of `key` (`None`: no lane).
+    pub fn admit(&mut self, key: Option<&str>, item: T, now: Instant) -> Admit<T> {
+        let Some(key) = key.filter(|_| self.settings.per_key > 0) else {
+            return Admit::Run(item);
+        };
+        if let Some(park) = self.parked.get(key)
+            && park.until > now
+        {
+            return Admit::Release(item, park.until - now);
+        }
+        let running = self.running.get(key).copied().unwrap_or(0);
+        if running < self.settings.per_key {
+            *self.running.entry(key.to_owned()).or_insert(0) += 1;
+            return Admit::Run(item);
+        }
+        if self.held >= self.settings.max_held {
+            return Admit::Release(item, self.settings.overflow_delay);
+        }
+        self.waiting
+            .entry(key.to_owned())
+            .or_default()
+            .push_back(item);
+        self.held += 1;
+        Admit::Held
+    }
+
+    /// A running message of `key` ended with `outcome`.
+    pub fn finish(&mut self, key: Option<&str>, outcome: LaneOutcome, now: Instant) -> Next<T> {
+        let mut next = Next::default();
+        let Some(key) = key.filter(|_| self.settings.per_key > 0) else {
+            return next;
+        };
+        if let Some(n) = self.running.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.running.remove(key);
+            }
+        }
+        match outcome {
+            LaneOutcome::Success => {
+                self.parked.remove(key);
+            }
+            LaneOutcome::LockFailure => {
+                let strikes = self.parked.get(key).map_or(0, |p| p.strikes) + 1;
+                let park = self
+                    .settings
+                    .park_base
+                    .saturating_mul(1u32 << (strikes - 1).min(16))
+                    .min(self.settings.park_cap);
+                self.parked.insert(
+                    key.to_owned(),
+                    Park {
+                        until: now + park,
+                        strikes,
+                    },
+                );
+                next.parked_for = Some(park);
+                // Everything waiting behind the locked row goes back untried.
+                if let Some(queue) = self.waiting.remove(key) {
+                    self.held -= queue.len();
+                    next.release.extend(queue.into_iter().map(|t| (t, park)));
+                }
+                return next;
+            }
+            LaneOutcome::Other => {}
+        }
+        // Start the next waiting message of the key, if any.
+        let running = self.running.get(key).copied().unwrap_or(0);
+        if running < self.settings.per_key
+            && let Some(queue) = self.waiting.get_mut(key)
+        {
+            if let Some(item) = queue.pop_front() {
+                self.held -= 1;
+                *self.running.entry(key.to_owned()).or_insert(0) += 1;
+                next.run.push(item);
+            }
+            if queue.is_empty() {
+                self.waiting.remove(key);
+            }
+        }
+        next
+    }
+
+    /// Takes every waiting message out (breaker opened, or shutdown).
+    pub fn drain(&mut self) -> Vec<T> {
+        self.held = 0;
+        self.waiting.drain().flat_map(|(_, q)| q).collect()
+    }
+
+    /// Keys parked now.
+    pub fn parked(&self, now: Instant) -> Vec<ParkedKey> {
+        let mut keys: Vec<ParkedKey> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.until > now)
+            .map(|(k, p)| ParkedKey {
+                key: k.clone(),
+                remaining_ms: u64::try_from((p.until - now).as_millis()).unwrap_or(u64::MAX),
+                strikes: p.strikes,
+            })
+            .collect();
+        keys.sort_by(|a, b| a.key.cmp(&b.key));
+        keys
+    }
+
+    /// Forgets parks that ended long ago (bounded memory).
+    pub fn forget_old_parks(&mut self, now: Instant) {
+        let cap = self.settings.park_cap;
+        self.parked.retain(|_, p| p.until + cap * 4 > now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lanes() -> Lanes<u32> {
+        Lanes::new(LaneSettings {
+            max_held: 3,
+            ..LaneSettings::default()
+        })
+    }
+
+    #[test]
+    fn one_at_a_time_per_key_others_flow() {
+        let t = Instant::now();
+        let mut l = lanes();
+        assert_eq!(l.admit(Some("1042"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("1042"), 2, t), Admit::Held);
+        assert_eq!(l.admit(Some("1043"), 3, t), Admit::Run(3));
+        assert_eq!(l.admit(None, 4, t), Admit::Run(4));
+        let next = l.finish(Some("1042"), LaneOutcome::Success, t);
+        assert_eq!(next.run, vec![2]);
+        assert!(next.release.is_empty());
+        assert_eq!(l.held(), 0);
+        let next = l.finish(Some("1042"), LaneOutcome::Success, t);
+        assert!(next.run.is_empty());
+    }
+
+    #[test]
+    fn overflow_is_released_not_dropped() {
+        let t = Instant::now();
+        let mut l = lanes();
+        assert_eq!(l.admit(Some("k"), 0, t), Admit::Run(0));
+        for i in 1..=3 {
+            assert_eq!(l.admit(Some("k"), i, t), Admit::Held);
+        }
+        assert!(matches!(l.admit(Some("k"), 4, t), Admit::Release(4, _)));
+        assert_eq!(l.held(), 3);
+    }
+
+    #[test]
+    fn lock_failure_parks_key_and_releases_its_waiters() {
+        let t = Instant::now();
+        let mut l = lanes();
+        assert_eq!(l.admit(Some("1042"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("1042"), 2, t), Admit::Held);
+        let next = l.finish(Some("1042"), LaneOutcome::LockFailure, t);
+        assert_eq!(next.parked_for, Some(Duration::from_millis(500)));
+        assert_eq!(next.release, vec![(2, Duration::from_millis(500))]);
+        assert_eq!(l.held(), 0);
+        // Parked: released untried with the remaining park.
+        let t1 = t + Duration::from_millis(100);
+        assert_eq!(
+            l.admit(Some("1042"), 3, t1),
+            Admit::Release(3, Duration::from_millis(400))
+        );
+        // Other keys are unaffected.
+        assert_eq!(l.admit(Some("1043"), 4, t1), Admit::Run(4));
+        // After the park, one message probes the key.
+        let t2 = t + Duration::from_millis(600);
+        assert_eq!(l.admit(Some("1042"), 5, t2), Admit::Run(5));
+        assert_eq!(l.admit(Some("1042"), 6, t2), Admit::Held);
+        // It fails again: a longer park.
+        let next = l.finish(Some("1042"), LaneOutcome::LockFailure, t2);
+        assert_eq!(next.parked_for, Some(Duration::from_secs(1)));
+        assert_eq!(l.parked(t2).len(), 1);
+        assert_eq!(l.parked(t2)[0].strikes, 2);
+    }
+
+    #[test]
+    fn parks_grow_to_the_cap_and_reset_on_success() {
+        let mut t = Instant::now();
+        let mut l = lanes();
+        let mut parks = Vec::new();
+        for i in 0..6 {
+            assert_eq!(l.admit(Some("k"), i, t), Admit::Run(i));
+            let next = l.finish(Some("k"), LaneOutcome::LockFailure, t);
+            let park = next.parked_for.expect("parked");
+            parks.push(park.as_millis());
+            t += park;
+        }
+        assert_eq!(parks, vec![500, 1000, 2000, 4000, 4000, 4000]);
+        assert_eq!(l.admit(Some("k"), 9, t), Admit::Run(9));
+        let _ = l.finish(Some("k"), LaneOutcome::Success, t);
+        assert!(l.parked(t).is_empty());
+        assert_eq!(l.admit(Some("k"), 10, t), Admit::Run(10));
+        let next = l.finish(Some("k"), LaneOutcome::LockFailure, t);
+        assert_eq!(next.parked_for, Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn other_failures_do_not_park() {
+        let t = Instant::now();
+        let mut l = lanes();
+        assert_eq!(l.admit(Some("k"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("k"), 2, t), Admit::Held);
+        let next = l.finish(Some("k"), LaneOutcome::Other, t);
+        assert_eq!(next.run, vec![2]);
+        assert!(l.parked(t).is_empty());
+    }
+
+    #[test]
+    fn drain_returns_every_held_message() {
+        let t = Instant::now();
+        let mut l = lanes();
+        let _ = l.admit(Some("a"), 1, t);
+        let _ = l.admit(Some("a"), 2, t);
+        let _ = l.admit(Some("b"), 3, t);
+        let _ = l.admit(Some("b"), 4, t);
+        let mut drained = l.drain();
+        drained.sort_unstable();
+        assert_eq!(drained, vec![2, 4]);
+        assert_eq!(l.held(), 0);
+    }
+
+    #[test]
+    fn disabled_lanes_run_everything() {
+        let t = Instant::now();
+        let mut l = Lanes::new(LaneSettings {
+            per_key: 0,
+            ..LaneSettings::default()
+        });
+        assert_eq!(l.admit(Some("k"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("k"), 2, t), Admit::Run(2));
+    }
+}

@@ -1,0 +1,419 @@
+//! Workers: take messages off the queue and apply them to the sink, under
+//! the breaker's gate.
+//!
+//! One dispatcher task runs the loop; each apply runs as its own task.
+//!
+//! ```text
+//!   gate closed? ── yes ──▶ release held messages, wait for a transition
+//!        │ no
+//!   free slots = gate.limit - running ── 0 ──▶ wait for an apply to end
+//!        │ > 0
+//!   claim up to free slots (half-open: 1, and only with a probe ticket)
+//!        │
+//!   lanes: run now / hold behind its key / release (key parked)
+//!        │
+//!   apply ──▶ settle:  ok ─────────────▶ ack
+//!                      permanent ───────▶ dead-letter at once (never feeds the breaker)
+//!                      lock failure ────▶ park the key, release untried
+//!                      dependency ──────▶ breaker open now? release untried
+//!                                         attempts left?  retry later (full-jitter backoff)
+//!                                         else            dead-letter (exhausted)
+//! ```
+//!
+//! Retries are the queue's delayed visibility, never a sleep holding a
+//! connection. Shutdown stops claiming, lets running applies finish (up to
+//! [`SHUTDOWN_GRACE`]) and releases what waits in the lanes.
+
+pub mod controller;
+pub mod lanes;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use breakwater_control::{BackoffPolicy, Outcome, OutcomeClass, ProbeTicket};
+use breakwater_sink::{Applied, Event, FailureClass, Sink, SinkError};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use self::controller::Controller;
+use self::lanes::{Admit, LaneOutcome, LaneSettings, Lanes, ParkedKey};
+use crate::queue::{DeadLetterReason, Delivery, Queue, Receipt};
+use crate::telemetry;
+
+/// Longest wait for running applies at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+/// Pause when the queue has nothing visible.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// Pause after a queue error.
+const ERROR_WAIT: Duration = Duration::from_millis(500);
+
+/// How the workers behave.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub max_concurrency: u32,
+    pub max_attempts: u32,
+    pub backoff: BackoffPolicy,
+    pub lease: Duration,
+    pub lanes: LaneSettings,
+}
+
+/// A message on its way through a worker.
+#[derive(Debug)]
+struct Job {
+    delivery: Delivery,
+    probe: Option<ProbeTicket>,
+}
+
+impl Job {
+    fn key(&self) -> Option<&str> {
+        self.delivery.message.entity_key.as_deref()
+    }
+}
+
+/// What an apply task hands back.
+struct Done {
+    job: Job,
+    result: Result<Applied, SinkError>,
+}
+
+/// Parked keys, shared with the admin API.
+pub type ParkedKeys = Arc<Mutex<Vec<ParkedKey>>>;
+
+/// Running workers.
+pub struct Workers {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    pub parked: ParkedKeys,
+}
+
+impl Workers {
+    /// Starts the dispatcher.
+    pub fn start(
+        queue: Arc<dyn Queue>,
+        sink: Arc<dyn Sink>,
+        controller: Arc<Controller>,
+        settings: WorkerSettings,
+    ) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let parked = ParkedKeys::default();
+        let dispatcher = Dispatcher {
+            queue,
+            sink,
+            controller,
+            lanes: Lanes::new(settings.lanes),
+            settings,
+            running: JoinSet::new(),
+            settling: JoinSet::new(),
+            rng: SmallRng::from_os_rng(),
+            parked: Arc::clone(&parked),
+        };
+        let task = tokio::spawn(dispatcher.run(stop_rx));
+        Self { stop, task, parked }
+    }
+
+    /// Stops claiming, finishes or releases everything, and waits.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+struct Dispatcher {
+    queue: Arc<dyn Queue>,
+    sink: Arc<dyn Sink>,
+    controller: Arc<Controller>,
+    settings: WorkerSettings,
+    lanes: Lanes<Job>,
+    running: JoinSet<Done>,
+    settling: JoinSet<()>,
+    rng: SmallRng,
+    parked: ParkedKeys,
+}
+
+impl Dispatcher {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut last_park_publish = Instant::now();
+        while !*stop.borrow() {
+            self.reap();
+            if last_park_publish.elapsed() > Duration::from_millis(250) {
+                last_park_publish = Instant::now();
+                self.publish_parks();
+            }
+            let gate = self.controller.gate();
+            if !gate.may_poll {
+                self.release_held(Duration::ZERO);
+                self.wait(&mut stop, Duration::from_millis(250)).await;
+                continue;
+            }
+            let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
+            let free = gate
+                .limit
+                .min(self.settings.max_concurrency)
+                .saturating_sub(running);
+            if free == 0 {
+                self.wait(&mut stop, IDLE_WAIT).await;
+                continue;
+            }
+            let want = if gate.probe_only { 1 } else { free as usize };
+            let deliveries = match self.queue.claim(want, self.settings.lease).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed");
+                    self.wait(&mut stop, ERROR_WAIT).await;
+                    continue;
+                }
+            };
+            if deliveries.is_empty() {
+                self.wait(&mut stop, IDLE_WAIT).await;
+                continue;
+            }
+            for delivery in deliveries {
+                self.admit(delivery, gate.probe_only);
+            }
+        }
+        self.shut_down().await;
+    }
+
+    /// Routes one claimed message through the lanes (and, half-open, the
+    /// probe admission).
+    fn admit(&mut self, delivery: Delivery, probe_only: bool) {
+        let now = Instant::now();
+        let mut probe = None;
+        if probe_only {
+            let key = delivery.message.entity_key.as_deref();
+            let ticket = self
+                .lanes
+                .can_run(key, now)
+                .then(|| self.controller.try_admit_probe())
+                .flatten();
+            match ticket {
+                Some(t) => probe = Some(t),
+                None => {
+                    self.release(delivery.receipt, Duration::ZERO);
+                    return;
+                }
+            }
+        }
+        let key = delivery.message.entity_key.clone();
+        match self
+            .lanes
+            .admit(key.as_deref(), Job { delivery, probe }, now)
+        {
+            Admit::Run(job) => self.spawn_apply(job),
+            Admit::Held => {}
+            Admit::Release(job, delay) => {
+                metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => "released").increment(1);
+                self.release(job.delivery.receipt, delay);
+            }
+        }
+    }
+
+    fn spawn_apply(&mut self, job: Job) {
+        let sink = Arc::clone(&self.sink);
+        let controller = Arc::clone(&self.controller);
+        self.running.spawn(async move {
+            let started = Instant::now();
+            let result = {
+                let _slot = controller.slots.begin(started);
+                let m = &job.delivery.message;
+                let event = Event {
+                    source: &m.source,
+                    event_id: &m.event_id,
+                    entity_key: m.entity_key.as_deref(),
+                    headers: &m.headers,
+                    body: &m.body,
+                    received_at_ms: m.received_at_ms,
+                };
+                sink.apply(&event).await
+            };
+            let latency = started.elapsed();
+            metrics::histogram!(telemetry::SINK_APPLY_SECONDS).record(latency.as_secs_f64());
+            let class = match &result {
+                Ok(_) => OutcomeClass::Success,
+                Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
+                Err(_) => OutcomeClass::Dependency,
+            };
+            controller.record(Outcome { class, latency }, job.probe);
+            Done { job, result }
+        });
+    }
+
+    /// Settles every finished apply without waiting.
+    fn reap(&mut self) {
+        while let Some(done) = self.running.try_join_next() {
+            match done {
+                Ok(done) => self.settle(done),
+                Err(e) => {
+                    tracing::error!(error = %e, "an apply task panicked; its lease will expire")
+                }
+            }
+        }
+        while self.settling.try_join_next().is_some() {}
+    }
+
+    fn settle(&mut self, done: Done) {
+        let now = Instant::now();
+        let Done { job, result } = done;
+        let key = job.key().map(str::to_owned);
+        let lane_outcome = match &result {
+            Ok(_) => LaneOutcome::Success,
+            Err(e) if e.is_lock_related() => LaneOutcome::LockFailure,
+            Err(_) => LaneOutcome::Other,
+        };
+        let next = self.lanes.finish(key.as_deref(), lane_outcome, now);
+        let m = &job.delivery.message;
+        let receipt = job.delivery.receipt.clone();
+        let count = |outcome: &'static str| {
+            metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => outcome).increment(1);
+        };
+        match result {
+            Ok(applied) => {
+                count(match applied {
+                    Applied::New => "applied",
+                    Applied::Duplicate => "duplicate",
+                });
+                let queue = Arc::clone(&self.queue);
+                self.settling.spawn(async move {
+                    if let Err(e) = queue.ack(&receipt).await {
+                        tracing::warn!(error = %e, "ack failed; the message will be applied again (idempotent)");
+                    }
+                });
+            }
+            Err(e) => {
+                metrics::counter!(telemetry::SINK_FAILURES,
+                    "class" => e.class.as_str(), "kind" => e.kind)
+                .increment(1);
+                if e.class == FailureClass::Permanent {
+                    count("dead_lettered");
+                    tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
+                        "permanent failure: dead-lettered");
+                    self.dead_letter(receipt, "permanent", e.to_string());
+                } else if let Some(park) = next.parked_for {
+                    count("released");
+                    tracing::info!(key = ?key, park_ms = park.as_millis() as u64, error = %e,
+                        "row lock: key parked, message released untried");
+                    self.release(receipt, park);
+                } else if !self.controller.gate().may_poll {
+                    count("released");
+                    self.release(receipt, Duration::ZERO);
+                } else if m.attempts + 1 >= self.settings.max_attempts {
+                    count("dead_lettered");
+                    tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
+                        attempts = m.attempts + 1, "retries exhausted: dead-lettered");
+                    self.dead_letter(
+                        receipt,
+                        "exhausted",
+                        format!("after {} attempts: {e}", m.attempts + 1),
+                    );
+                } else {
+                    count("retried");
+                    let delay = self.settings.backoff.delay(m.attempts, None, &mut self.rng);
+                    let queue = Arc::clone(&self.queue);
+                    let error = e.to_string();
+                    self.settling.spawn(async move {
+                        if let Err(e) = queue.retry_later(&receipt, delay, &error).await {
+                            tracing::warn!(error = %e, "retry scheduling failed; the lease will expire");
+                        }
+                    });
+                }
+            }
+        }
+        for job in next.run {
+            self.spawn_apply(job);
+        }
+        for (job, delay) in next.release {
+            count("released");
+            self.release(job.delivery.receipt, delay);
+        }
+    }
+
+    fn dead_letter(&mut self, receipt: Receipt, class: &str, error: String) {
+        let queue = Arc::clone(&self.queue);
+        let reason = DeadLetterReason {
+            class: class.to_owned(),
+            error,
+        };
+        self.settling.spawn(async move {
+            if let Err(e) = queue.dead_letter(&receipt, &reason).await {
+                tracing::warn!(error = %e, "dead-lettering failed; the lease will expire");
+            }
+        });
+    }
+
+    fn release(&mut self, receipt: Receipt, delay: Duration) {
+        let queue = Arc::clone(&self.queue);
+        self.settling.spawn(async move {
+            if let Err(e) = queue.release(&receipt, delay).await {
+                tracing::warn!(error = %e, "release failed; the lease will expire");
+            }
+        });
+    }
+
+    fn release_held(&mut self, delay: Duration) {
+        let held = self.lanes.drain();
+        if !held.is_empty() {
+            tracing::info!(
+                count = held.len(),
+                "breaker closed the gate: releasing held messages untried"
+            );
+        }
+        for job in held {
+            self.release(job.delivery.receipt, delay);
+        }
+    }
+
+    fn publish_parks(&mut self) {
+        let now = Instant::now();
+        self.lanes.forget_old_parks(now);
+        let parks = self.lanes.parked(now);
+        if let Ok(mut p) = self.parked.lock() {
+            *p = parks;
+        }
+    }
+
+    /// Waits for an apply to end, a breaker transition, `timeout`, or stop.
+    async fn wait(&mut self, stop: &mut watch::Receiver<bool>, timeout: Duration) {
+        let controller = Arc::clone(&self.controller);
+        tokio::select! {
+            Some(done) = self.running.join_next(), if !self.running.is_empty() => {
+                match done {
+                    Ok(done) => self.settle(done),
+                    Err(e) => tracing::error!(error = %e, "an apply task panicked"),
+                }
+            }
+            () = controller.changed() => {}
+            () = tokio::time::sleep(timeout) => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+    }
+
+    async fn shut_down(mut self) {
+        tracing::info!(
+            running = self.running.len(),
+            held = self.lanes.held(),
+            "workers stopping"
+        );
+        self.release_held(Duration::ZERO);
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        while !self.running.is_empty() {
+            match tokio::time::timeout_at(deadline, self.running.join_next()).await {
+                Ok(Some(Ok(done))) => self.settle(done),
+                Ok(Some(Err(e))) => tracing::error!(error = %e, "an apply task panicked"),
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::warn!(
+                        left = self.running.len(),
+                        "applies still running at the end of the grace period; their leases will expire"
+                    );
+                    self.running.abort_all();
+                    break;
+                }
+            }
+        }
+        // Messages that lanes started while settling go back too.
+        self.release_held(Duration::ZERO);
+        while self.settling.join_next().await.is_some() {}
+    }
+}

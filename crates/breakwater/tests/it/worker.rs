@@ -1,0 +1,358 @@
+//! Workers against a real PostgreSQL, through the real binary and HTTP:
+//! a hot row, a poison message, the database going away, a duplicate.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+use crate::pg::ScratchDb;
+use crate::utils::*;
+
+const ORDERS: &str = "
+CREATE TABLE orders (
+    id            bigint PRIMARY KEY,
+    status        text NOT NULL CHECK (status <> 'poison'),
+    applied_count int  NOT NULL DEFAULT 0,
+    updated_at    timestamptz
+);
+INSERT INTO orders (id, status) SELECT g, 'new' FROM generate_series(1, 50) g;
+INSERT INTO orders (id, status) VALUES (1042, 'new');
+";
+
+/// Sink and statement config for the orders table; `extra` is appended.
+fn sink_config(db: &ScratchDb, extra: &str) -> String {
+    format!(
+        r#"
+[sink]
+url = "{}"
+lock_timeout_ms = 500
+statement_timeout_ms = 3000
+pool_max = 8
+acquire_timeout_ms = 1000
+
+[workers]
+max_concurrency = 8
+max_attempts = 5
+backoff_base_ms = 50
+backoff_cap_ms = 1000
+
+{extra}
+
+[[source.statement]]
+sql = "UPDATE orders SET status = $status, applied_count = applied_count + 1, updated_at = now() WHERE id = $entity"
+params = {{ status = "json:/data/object/status" }}
+"#,
+        db.url()
+    )
+}
+
+/// Sends a Stripe event for `order` and expects 202.
+async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: &str) {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "id": event_id,
+        "type": "order.updated",
+        "data": {"object": {"id": order, "status": status}}
+    }))
+    .expect("json");
+    let a = http
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+}
+
+async fn inbox_count(db: &ScratchDb, filter: &str) -> i64 {
+    db.client
+        .query_one(
+            &format!("SELECT count(*) FROM breakwater_inbox WHERE {filter}"),
+            &[],
+        )
+        .await
+        .map(|r| r.get(0))
+        .unwrap_or(0)
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+async fn applied_counts(db: &ScratchDb) -> HashMap<i64, i32> {
+    db.client
+        .query("SELECT id, applied_count FROM orders", &[])
+        .await
+        .expect("orders")
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Sessions of the scratch database waiting on a lock.
+async fn lock_waiters(db: &ScratchDb) -> i64 {
+    db.client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .map(|r| r.get(0))
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_row_is_parked_while_unrelated_orders_flow() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let sandbox = Sandbox::new(&sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+
+    // Another session holds order 1042's row lock.
+    let locker = crate::pg::connect(&db.name).await;
+    locker
+        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
+        .await
+        .expect("lock 1042");
+    let locked_at = Instant::now();
+
+    // 200 webhooks: 30% for the hot row, the rest for 50 other orders.
+    let mut expected: HashMap<i64, i32> = HashMap::new();
+    for i in 0..200 {
+        let order = if i % 10 < 3 { 1042 } else { 1 + (i % 50) };
+        *expected.entry(order).or_default() += 1;
+        send(&http, &server, &format!("evt_hot_{i}"), order, "paid").await;
+    }
+    let unrelated = i64::from(
+        expected
+            .iter()
+            .filter(|(k, _)| **k != 1042)
+            .map(|(_, v)| *v)
+            .sum::<i32>(),
+    );
+
+    // While the lock is held: unrelated orders are all applied, the hot key
+    // is parked with a lock-related failure, and at most one session waits.
+    let mut max_waiters = 0;
+    let mut saw_parked = false;
+    let deadline = locked_at + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        max_waiters = max_waiters.max(lock_waiters(&db).await);
+        let status = http.get(&server.admin_url("/breaker")).await.json();
+        saw_parked |= status["parked_keys"]
+            .as_array()
+            .is_some_and(|keys| keys.iter().any(|k| k["key"] == "1042"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let unrelated_during_lock = inbox_count(&db, "entity_key <> '1042'").await;
+    assert_eq!(
+        unrelated_during_lock, unrelated,
+        "every unrelated order was applied while 1042 was locked"
+    );
+    assert_eq!(
+        inbox_count(&db, "entity_key = '1042'").await,
+        0,
+        "1042 is locked"
+    );
+    assert!(saw_parked, "the hot key was parked after lock timeouts");
+    assert!(
+        max_waiters <= 1,
+        "{max_waiters} sessions waited on the hot row at once"
+    );
+
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    wait_for("every event applied", Duration::from_secs(30), async || {
+        inbox_count(&db, "true").await == 200
+    })
+    .await;
+    let counts = applied_counts(&db).await;
+    for (order, n) in &expected {
+        assert_eq!(
+            counts.get(order),
+            Some(n),
+            "order {order} applied exactly once per event"
+        );
+    }
+    let stats = queue_stats(&http, &server).await;
+    assert_eq!(stats["dead_lettered"], 0, "nothing dead-lettered");
+    let breaker = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(
+        breaker["breaker"]["state"], "closed",
+        "one hot row does not stop the fleet"
+    );
+    drop(server);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_goes_to_the_dlq_and_the_breaker_stays_closed() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let sandbox = Sandbox::new(&sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    for i in 0..40 {
+        let (status, order) = if i % 2 == 0 {
+            ("poison", 1 + i % 50)
+        } else {
+            ("paid", 1 + i % 50)
+        };
+        send(&http, &server, &format!("evt_p_{i}"), order, status).await;
+    }
+    wait_for(
+        "20 poison messages dead-lettered",
+        Duration::from_secs(20),
+        async || queue_stats(&http, &server).await["dead_lettered"] == 20,
+    )
+    .await;
+    wait_for(
+        "20 good messages applied",
+        Duration::from_secs(20),
+        async || inbox_count(&db, "true").await == 20,
+    )
+    .await;
+    let breaker = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(breaker["breaker"]["state"], "closed");
+    assert!(
+        breaker["breaker"]["history"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "no transition at all: {}",
+        breaker["breaker"]["history"]
+    );
+    let out = std::process::Command::new(binary())
+        .args(["dlq", "list", "--json", "--config"])
+        .arg(sandbox.config_path())
+        .output()
+        .expect("dlq list");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let first = &list[0];
+    assert_eq!(first["class"], "permanent");
+    assert!(
+        first["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("constraint")),
+        "{first}"
+    );
+    drop(server);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_opens_the_breaker_and_loses_nothing() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let breaker = r#"
+[breaker]
+[breaker.cool_down]
+base_ms = 500
+cap_ms = 1000
+[breaker.ramp]
+hold_ms = 300
+[breaker.half_open]
+successes_to_close = 1
+[breaker.failure_ratio]
+min_calls = 5
+"#;
+    let sandbox = Sandbox::new(&sink_config(&db, breaker));
+    let server = sandbox.start();
+    let http = Http::default();
+
+    // The database stops taking connections and loses the ones it had.
+    let admin = crate::pg::connect("postgres").await;
+    let cut = format!(
+        "ALTER DATABASE {0} ALLOW_CONNECTIONS false;
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = '{0}' AND pid <> pg_backend_pid();",
+        db.name
+    );
+    admin
+        .batch_execute(&cut)
+        .await
+        .expect("cut the database off");
+
+    for i in 0..60 {
+        send(&http, &server, &format!("evt_down_{i}"), 1 + i % 50, "paid").await;
+    }
+    wait_for("the breaker to open", Duration::from_secs(20), async || {
+        let b = http.get(&server.admin_url("/breaker")).await.json();
+        b["breaker"]["history"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|t| t["to"] == "open"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            db.name
+        ))
+        .await
+        .expect("restore");
+
+    let db = db;
+    let check = crate::pg::connect(&db.name).await;
+    wait_for(
+        "all 60 applied after recovery",
+        Duration::from_secs(40),
+        async || {
+            check
+                .query_one("SELECT count(*) FROM breakwater_inbox", &[])
+                .await
+                .map(|r| r.get::<_, i64>(0) == 60)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    let stats = queue_stats(&http, &server).await;
+    assert_eq!(stats["dead_lettered"], 0, "an outage dead-letters nothing");
+    let total: i64 = check
+        .query_one("SELECT sum(applied_count)::bigint FROM orders", &[])
+        .await
+        .expect("sum")
+        .get(0);
+    assert_eq!(total, 60, "each event applied exactly once");
+    drop(server);
+    db.drop_db().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_delivery_is_applied_once() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let sandbox = Sandbox::new(&sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    send(&http, &server, "evt_dup", 7, "paid").await;
+    wait_for("applied", Duration::from_secs(10), async || {
+        inbox_count(&db, "event_id = 'evt_dup'").await == 1
+    })
+    .await;
+    // The issuer retries after the first was applied: answered 200, not applied again.
+    let body = serde_json::to_vec(&serde_json::json!({
+        "id": "evt_dup", "data": {"object": {"id": 7, "status": "paid"}}
+    }))
+    .expect("json");
+    let a = http
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(applied_counts(&db).await.get(&7), Some(&1));
+    drop(server);
+    db.drop_db().await;
+}
