@@ -136,6 +136,8 @@ enum DlqCommand {
 enum BenchCommand {
     /// Bare hyper vs Breakwater's verified, durable ingress under the same load.
     Ingress(breakwater::bench::IngressBenchArgs),
+    /// Workers draining a backlog into PostgreSQL vs pgbench, same statements.
+    Drain(breakwater::bench::drain::DrainBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -161,6 +163,7 @@ fn init_tracing() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -237,6 +240,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             command: BenchCommand::Ingress(args),
         } => {
             let report = breakwater::bench::run_ingress_bench(&args)?;
+            print!("{report}");
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Drain(args),
+        } => {
+            let report = runtime()?.block_on(breakwater::bench::drain::run_drain_bench(&args))?;
             print!("{report}");
             Ok(())
         }

@@ -19,6 +19,7 @@
 //! threads each on the same two cores: the figures are for comparison, not
 //! absolute capacity.
 
+pub mod drain;
 pub mod load;
 
 use std::fmt;

@@ -1,0 +1,137 @@
+//! One proxied connection: dial upstream, then two copy loops.
+//!
+//! Each direction is a sequential loop: read a chunk (up to [`CHUNK`] bytes),
+//! look up the fault *for that chunk*, then
+//!
+//! - `Latency`: sleep `per_chunk`, then write; order is preserved because
+//!   the next read only starts after the write;
+//! - `Blackhole`: drop the chunk and mark the connection blackholed; from
+//!   then on both directions drop every chunk, whatever the fault, until the
+//!   connection closes (a stream with a hole must never be resumed);
+//! - anything else: write it on.
+//!
+//! End of stream is forwarded as a half-close (`shutdown` of the write side),
+//! so request/response protocols that rely on it keep working; the
+//! connection ends when both directions have. On a blackholed connection an
+//! end of stream from either side ends the whole connection instead.
+//!
+//! The whole relay races one signal: "a `ResetAll` happened since accept, or
+//! shutdown". When it fires, or on any I/O error (including failing to reach
+//! upstream), both sockets are dropped with linger 0, so each peer sees a
+//! reset rather than a clean end. The task ends exactly once either way.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+
+use crate::fault::Fault;
+use crate::proxy::{LiveGuard, Shared};
+
+/// Largest chunk read (and delayed, or swallowed) at once.
+const CHUNK: usize = 16 * 1024;
+
+/// Closes a socket with RST (linger 0) when it is dropped.
+pub(crate) fn reset(stream: &TcpStream) {
+    if let Err(e) = stream.set_zero_linger() {
+        tracing::debug!(error = %e, "could not set linger 0; closing with FIN");
+    }
+}
+
+/// Serves one accepted client until it ends, fails, or is reset.
+/// `fault` and `resets` are what the accept loop saw at accept time.
+pub(crate) async fn serve(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    fault: Fault,
+    resets: u64,
+    _live: LiveGuard,
+) {
+    let _ = client.set_nodelay(true);
+    let mut control = shared.control.subscribe();
+    let mut upstream = None;
+
+    let ended = tokio::select! {
+        biased;
+        _ = control.wait_for(|c| c.shutdown || c.resets != resets) => {
+            Err(io::Error::new(io::ErrorKind::ConnectionReset, "reset by fault proxy"))
+        }
+        r = relay(&mut client, &mut upstream, &shared, fault) => r,
+    };
+
+    match ended {
+        Ok(()) => tracing::debug!(%peer, "connection closed"),
+        Err(e) => {
+            tracing::debug!(%peer, reason = %e, "connection reset");
+            reset(&client);
+            if let Some(up) = &upstream {
+                reset(up);
+            }
+        }
+    }
+}
+
+async fn relay(
+    client: &mut TcpStream,
+    upstream: &mut Option<TcpStream>,
+    shared: &Shared,
+    fault: Fault,
+) -> io::Result<()> {
+    if fault == Fault::Blackhole {
+        // Never dial upstream: swallow until the client gives up.
+        let mut buf = vec![0; CHUNK];
+        while client.read(&mut buf).await? != 0 {}
+        return Ok(());
+    }
+
+    let up = upstream.insert(TcpStream::connect(shared.upstream).await?);
+    let _ = up.set_nodelay(true);
+    let blackholed = AtomicBool::new(false);
+    let (client_rd, client_wr) = client.split();
+    let (up_rd, up_wr) = up.split();
+    tokio::try_join!(
+        pipe(client_rd, up_wr, shared, &shared.bytes_up, &blackholed),
+        pipe(up_rd, client_wr, shared, &shared.bytes_down, &blackholed),
+    )?;
+    Ok(())
+}
+
+/// Copies one direction chunk by chunk, applying the fault of the moment.
+async fn pipe(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    shared: &Shared,
+    forwarded: &AtomicU64,
+    blackholed: &AtomicBool,
+) -> io::Result<()> {
+    let mut buf = vec![0; CHUNK];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            if blackholed.load(Ordering::Relaxed) {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "peer hung up on a blackholed connection",
+                ));
+            }
+            to.shutdown().await?;
+            return Ok(());
+        }
+        match shared.fault() {
+            Fault::Blackhole => {
+                blackholed.store(true, Ordering::Relaxed);
+                continue;
+            }
+            _ if blackholed.load(Ordering::Relaxed) => continue,
+            Fault::Latency { per_chunk } => tokio::time::sleep(per_chunk).await,
+            Fault::None | Fault::Refuse | Fault::ResetAll => {}
+        }
+        to.write_all(&buf[..n]).await?;
+        forwarded.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,282 @@
+//! `breakwater bench drain`: how fast the workers apply a backlog into
+//! PostgreSQL, next to `pgbench` running the same statements, in one run.
+//!
+//! Both phases use a fresh scratch database with an `orders` table of 1000
+//! rows and Breakwater's inbox, the same concurrency, and per transaction
+//! the same work: `SET LOCAL lock_timeout`, `SET LOCAL statement_timeout`,
+//! the inbox insert with a ~1 KiB jsonb payload, one `UPDATE orders`.
+//!
+//! 1. **pgbench**: `pgbench -n -M prepared -c C -j 2 -T D` with that script;
+//!    its `tps` is the reference.
+//! 2. **breakwater**: N messages are put in a fresh embedded queue first,
+//!    then the real workers (controller, lanes, sink pool) drain it; the
+//!    rate is N over the time until every message is acknowledged. This
+//!    includes the queue's own claims and acks (group-committed, fsync'd).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use tokio_postgres::NoTls;
+
+use crate::config::{Config, QueueConfig, StatementConfig};
+use crate::queue::embedded::EmbeddedQueue;
+use crate::queue::{NewMessage, Queue};
+use crate::serve;
+use crate::worker::{Controller, Workers};
+
+/// Options of `breakwater bench drain`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DrainBenchArgs {
+    /// PostgreSQL server (without a database name); a scratch database is
+    /// created on it and dropped afterwards.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+    pub server_url: String,
+    /// Messages Breakwater drains.
+    #[arg(long, default_value_t = 20_000)]
+    pub messages: usize,
+    /// Concurrent transactions (pgbench clients, Breakwater workers, pool size).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u32,
+    /// Seconds pgbench runs.
+    #[arg(long, default_value_t = 10)]
+    pub pgbench_seconds: u64,
+    /// Directory for the benchmark's queue (removed afterwards).
+    #[arg(long, default_value = "data/bench")]
+    pub data_dir: PathBuf,
+}
+
+const ORDERS: i64 = 1000;
+const UPDATE: &str = "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity";
+
+/// Figures of one drain benchmark.
+#[derive(Debug)]
+pub struct DrainReport {
+    pub concurrency: u32,
+    pub pgbench_tps: f64,
+    pub messages: usize,
+    pub seconds: f64,
+}
+
+impl DrainReport {
+    pub fn rate(&self) -> f64 {
+        self.messages as f64 / self.seconds.max(f64::EPSILON)
+    }
+}
+
+impl std::fmt::Display for DrainReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "drain bench: {} concurrent transactions, inbox insert (~1 KiB jsonb) + 1 UPDATE each",
+            self.concurrency
+        )?;
+        writeln!(f, "{:<34} {:>10}", "phase", "per second")?;
+        writeln!(
+            f,
+            "{:<34} {:>10.0}",
+            "pgbench (same statements)", self.pgbench_tps
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>10.0}   ({} messages in {:.1} s)",
+            "breakwater workers (queue -> pg)",
+            self.rate(),
+            self.messages,
+            self.seconds
+        )?;
+        writeln!(
+            f,
+            "ratio breakwater / pgbench: {:.1}%",
+            100.0 * self.rate() / self.pgbench_tps.max(f64::EPSILON)
+        )
+    }
+}
+
+fn payload(i: usize, order: i64) -> String {
+    let pad = "x".repeat(900);
+    format!(
+        r#"{{"id":"evt_drain_{i}","type":"order.updated","data":{{"object":{{"id":{order},"status":"paid","note":"{pad}"}}}}}}"#
+    )
+}
+
+async fn admin_client(server_url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(&format!("{server_url}/postgres"), NoTls)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {server_url}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// Runs both phases.
+pub async fn run_drain_bench(args: &DrainBenchArgs) -> anyhow::Result<DrainReport> {
+    let name = format!("bw_bench_drain_{}", std::process::id());
+    let admin = admin_client(&args.server_url).await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await?;
+    let result = run_phases(args, &name).await;
+    let _ = admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await;
+    result
+}
+
+async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainReport> {
+    let db_url = format!("{}/{name}", args.server_url);
+    let (client, conn) = tokio_postgres::connect(&db_url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE orders (id bigint PRIMARY KEY, status text, updated_at timestamptz);
+             INSERT INTO orders SELECT g, 'new', now() FROM generate_series(1, {ORDERS}) g;"
+        ))
+        .await?;
+
+    let mut config = Config::default();
+    config.sink.url = db_url.clone();
+    config.sink.pool_max = args.concurrency as usize;
+    config.workers.max_concurrency = args.concurrency;
+    config.queue = QueueConfig {
+        path: args.data_dir.join(format!("drain-{}", std::process::id())),
+        ..QueueConfig::default()
+    };
+    let mut source = crate::bench::bench_config(&config.queue.path)
+        .sources
+        .remove(0);
+    source.statements.push(StatementConfig {
+        sql: UPDATE.to_owned(),
+        params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
+    });
+    config.sources.push(source);
+
+    // Phase 1: the sink creates the inbox; pgbench runs the same statements.
+    let sink =
+        breakwater_sink::connect(&serve::sink_settings(&config), &serve::statements(&config))
+            .await?;
+    eprintln!("phase 1/2: pgbench, {} s", args.pgbench_seconds);
+    let pgbench_tps = run_pgbench(args, &config, &db_url).await?;
+    client.batch_execute("TRUNCATE breakwater_inbox").await?;
+
+    // Phase 2: fill a queue, then let the workers drain it.
+    eprintln!("phase 2/2: breakwater drains {} messages", args.messages);
+    let _ = std::fs::remove_dir_all(&config.queue.path);
+    let queue = Arc::new(EmbeddedQueue::open(&config.queue)?);
+    let mut fills = Vec::new();
+    for i in 0..args.messages {
+        let order = 1 + (i as i64 % ORDERS);
+        let q = Arc::clone(&queue);
+        fills.push(tokio::spawn(async move {
+            q.enqueue(NewMessage {
+                source: "stripe".to_owned(),
+                event_id: format!("evt_drain_{i}"),
+                entity_key: Some(order.to_string()),
+                headers: Vec::new(),
+                body: Bytes::from(payload(i, order)),
+                received_at_ms: crate::ingress::unix_now_ms(),
+            })
+            .await
+        }));
+        if fills.len() >= 512 {
+            for f in fills.drain(..) {
+                f.await??;
+            }
+        }
+    }
+    for f in fills {
+        f.await??;
+    }
+    let queue: Arc<dyn Queue> = queue;
+    let mut breaker = config.breaker.clone();
+    breaker.max_concurrency = args.concurrency;
+    let controller = Controller::new(breaker, args.concurrency as usize)?;
+    let started = Instant::now();
+    let workers = Workers::start(
+        Arc::clone(&queue),
+        sink,
+        controller,
+        serve::worker_settings(&config),
+    );
+    let target = args.messages as u64;
+    loop {
+        let s = queue.stats().await?;
+        if s.acked_total + s.dead_lettered_total >= target {
+            anyhow::ensure!(
+                s.dead_lettered_total == 0,
+                "{} messages were dead-lettered",
+                s.dead_lettered_total
+            );
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "drain did not finish in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    workers.shutdown().await;
+    drop(queue);
+    let _ = std::fs::remove_dir_all(&config.queue.path);
+    Ok(DrainReport {
+        concurrency: args.concurrency,
+        pgbench_tps,
+        messages: args.messages,
+        seconds,
+    })
+}
+
+async fn run_pgbench(args: &DrainBenchArgs, config: &Config, db_url: &str) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let script = dir.path().join("drain.sql");
+    let body = payload(0, 1).replace('\'', "''");
+    std::fs::write(
+        &script,
+        format!(
+            "\\set id random(1, {ORDERS})\n\\set n random(1, 2000000000)\n\
+             BEGIN;\n\
+             SET LOCAL lock_timeout = '{lock}ms';\n\
+             SET LOCAL statement_timeout = '{stmt}ms';\n\
+             INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at) \
+             VALUES ('pg-' || :client_id || '-' || :n, 'stripe', :id, '{body}'::jsonb, now(), now()) \
+             ON CONFLICT (event_id) DO NOTHING;\n\
+             UPDATE orders SET status = 'paid', updated_at = now() WHERE id = :id;\n\
+             COMMIT;\n",
+            lock = config.sink.lock_timeout_ms,
+            stmt = config.sink.statement_timeout_ms,
+        ),
+    )?;
+    let out = tokio::process::Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-j", "2"])
+        .arg("-c")
+        .arg(args.concurrency.to_string())
+        .arg("-T")
+        .arg(args.pgbench_seconds.to_string())
+        .arg("-f")
+        .arg(&script)
+        .arg(db_url)
+        .output()
+        .await
+        .context("cannot run pgbench (Debian package postgresql-client)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "pgbench failed: {}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no tps in pgbench's output:\n{text}"))
+}
