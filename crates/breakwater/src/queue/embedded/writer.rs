@@ -6,7 +6,9 @@
 //! has queued up (at most `max_batch`), runs it all in one transaction and
 //! commits once: a hundred concurrent webhooks share one fsync. Replies are
 //! sent only after the commit returned, so a caller that hears "done" knows
-//! the change is on disk. If the commit fails, every operation of the batch
+//! the change is on disk. Only batches holding an enqueue pay for the fsync
+//! (see [`Op::needs_fsync`] for why the others need not), and only they
+//! linger for company. If the commit fails, every operation of the batch
 //! fails with it and nothing is acknowledged.
 
 use std::time::{Duration, Instant};
@@ -60,6 +62,23 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// Whether the batch holding this operation must be fsync'd before it
+    /// is answered. Only enqueue: it is the one promise made to the
+    /// outside (the ingress answers 2xx on it). Losing any other change to
+    /// a power cut is harmless under at-least-once delivery with an
+    /// idempotent sink: a lost claim, retry or release means the lease
+    /// expires and the message is visible again; a lost ack means it is
+    /// applied again and the inbox makes that a no-op; a lost dead-letter
+    /// means it is tried and dead-lettered again; a lost replay or purge
+    /// leaves it in the DLQ. Such batches commit with
+    /// `synchronous = NORMAL` (WAL-consistent, no fsync) and become
+    /// durable with the next fsync'd commit or checkpoint.
+    fn needs_fsync(&self) -> bool {
+        matches!(self, Op::Enqueue(..))
+    }
+}
+
 /// Settings of the writer.
 pub(crate) struct WriterSettings {
     pub max_batch: usize,
@@ -109,11 +128,12 @@ fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
     let forget = settings.dedup_window_ms == 0;
     let mut last_prune = Instant::now();
+    let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         drain(&mut rx, &mut batch, settings.max_batch);
-        if batch.len() < LINGER_BELOW {
+        if batch.len() < LINGER_BELOW && batch.iter().any(Op::needs_fsync) {
             // A small batch under load wastes an fsync: give concurrent
             // requests a moment to join it (like Kafka's linger.ms).
             std::thread::sleep(LINGER);
@@ -121,6 +141,14 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
         }
         let size = batch.len();
         let started = Instant::now();
+        let durable = batch.iter().any(Op::needs_fsync);
+        if durable != fsyncing {
+            let mode = if durable { "FULL" } else { "NORMAL" };
+            match conn.pragma_update(None, "synchronous", mode) {
+                Ok(()) => fsyncing = durable,
+                Err(e) => tracing::warn!(error = %e, mode, "cannot switch synchronous mode"),
+            }
+        }
         let mut finishes: Vec<Finish> = Vec::with_capacity(size);
         let result = run_batch(&mut conn, batch.drain(..), forget, &mut finishes);
         match &result {
