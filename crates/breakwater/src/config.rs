@@ -191,6 +191,9 @@ pub struct WorkersConfig {
     pub max_attempts: u32,
     pub backoff_base_ms: u64,
     pub backoff_cap_ms: u64,
+    /// Jitter of the retry backoff: full (default), equal, decorrelated, or
+    /// none (plain capped exponential; with base = cap, a fixed interval).
+    pub backoff_jitter: BackoffJitter,
     /// Messages of one entity key applied at once (hot-key lanes); 0 = no limit.
     pub per_key_concurrency: u32,
 }
@@ -202,9 +205,21 @@ impl Default for WorkersConfig {
             max_attempts: 5,
             backoff_base_ms: 100,
             backoff_cap_ms: 30_000,
+            backoff_jitter: BackoffJitter::Full,
             per_key_concurrency: 1,
         }
     }
+}
+
+/// `workers.backoff_jitter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffJitter {
+    #[default]
+    Full,
+    Equal,
+    Decorrelated,
+    None,
 }
 
 /// Signature scheme of a source.

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod ingress;
+pub mod lab;
 pub mod queue;
 pub mod serve;
 pub mod source;

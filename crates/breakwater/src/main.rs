@@ -50,6 +50,8 @@ enum Command {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Reproduce a database fault against a real PostgreSQL, naive consumer vs Breakwater.
+    Lab(breakwater::lab::LabArgs),
     /// Measure the service.
     Bench {
         #[command(subcommand)]
@@ -241,6 +243,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let report = breakwater::bench::run_ingress_bench(&args)?;
             print!("{report}");
+            Ok(())
+        }
+        Command::Lab(args) => {
+            let report = runtime()?.block_on(breakwater::lab::run_lab(&args))?;
+            print!("{report}");
+            if let Some(path) = &args.json {
+                std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
             Ok(())
         }
         Command::Bench {

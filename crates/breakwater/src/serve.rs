@@ -17,11 +17,11 @@ use tokio::task::JoinHandle;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use breakwater_control::BackoffPolicy;
+use breakwater_control::{BackoffPolicy, Jitter};
 use breakwater_sink::{SinkSettings, StatementSpec};
 
 use crate::admin::Admin;
-use crate::config::Config;
+use crate::config::{BackoffJitter, Config};
 use crate::ingress::Ingress;
 use crate::queue::Queue;
 use crate::queue::embedded::EmbeddedQueue;
@@ -151,10 +151,16 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
     WorkerSettings {
         max_concurrency: w.max_concurrency,
         max_attempts: w.max_attempts,
-        backoff: BackoffPolicy::full_jitter(
-            Duration::from_millis(w.backoff_base_ms),
-            Duration::from_millis(w.backoff_cap_ms),
-        ),
+        backoff: BackoffPolicy {
+            kind: match w.backoff_jitter {
+                BackoffJitter::Full => Jitter::Full,
+                BackoffJitter::Equal => Jitter::Equal,
+                BackoffJitter::Decorrelated => Jitter::Decorrelated,
+                BackoffJitter::None => Jitter::None,
+            },
+            base: Duration::from_millis(w.backoff_base_ms),
+            cap: Duration::from_millis(w.backoff_cap_ms),
+        },
         lease: Duration::from_millis(config.queue.lease_ms),
         lanes: LaneSettings {
             per_key: w.per_key_concurrency,

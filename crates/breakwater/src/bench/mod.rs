@@ -60,7 +60,7 @@ pub struct IngressBenchArgs {
 }
 
 /// Secret of the benchmark's Stripe source.
-const SECRET: &str = "whsec_bench_secret_0123456789abcdef";
+pub const BENCH_SECRET: &str = "whsec_bench_secret_0123456789abcdef";
 const SOURCE: &str = "stripe";
 
 /// Results of the three phases.
@@ -130,7 +130,7 @@ pub fn run_ingress_bench(args: &IngressBenchArgs) -> anyhow::Result<IngressBench
         body_bytes: args.body_bytes,
         warmup: Duration::from_secs(args.warmup),
         duration: Duration::from_secs(args.duration),
-        secret: SECRET.to_owned(),
+        secret: BENCH_SECRET.to_owned(),
         run_tag: tag.to_owned(),
         rate,
     };
@@ -179,7 +179,7 @@ pub fn bench_config(dir: &std::path::Path) -> Config {
     config.sources.push(SourceConfig {
         name: SOURCE.to_owned(),
         scheme: SchemeName::Stripe,
-        secrets: vec![SECRET.to_owned()],
+        secrets: vec![BENCH_SECRET.to_owned()],
         secrets_env: None,
         secrets_file: None,
         tolerance_secs: None,

@@ -21,6 +21,7 @@
 //! row lock (the database's own view, from `pg_stat_activity`, is the
 //! separate lock-waiters signal).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -114,6 +115,8 @@ pub struct Controller {
     changed: Notify,
     pub slots: Slots,
     last_lock_waiters: Mutex<Option<u32>>,
+    /// Applies started so far (transactions sent to the sink).
+    applies: AtomicU64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -135,6 +138,7 @@ impl Controller {
             changed: Notify::new(),
             slots: Slots::new(workers),
             last_lock_waiters: Mutex::new(None),
+            applies: AtomicU64::new(0),
         };
         controller.publish_gauges();
         Ok(Arc::new(controller))
@@ -169,6 +173,16 @@ impl Controller {
         if let Some(t) = t {
             self.announce(&t);
         }
+    }
+
+    /// Counts an apply as it starts (a transaction sent to the sink).
+    pub fn count_apply(&self) {
+        self.applies.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Applies started since start: every transaction the workers sent.
+    pub fn applies(&self) -> u64 {
+        self.applies.load(Ordering::Relaxed)
     }
 
     /// Half-open: takes a probe slot if one is free.

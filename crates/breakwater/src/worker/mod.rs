@@ -215,6 +215,7 @@ impl Dispatcher {
         let controller = Arc::clone(&self.controller);
         self.running.spawn(async move {
             let started = Instant::now();
+            controller.count_apply();
             let result = {
                 let _slot = controller.slots.begin(started);
                 let m = &job.delivery.message;

@@ -7,6 +7,7 @@
 mod cli;
 mod crash;
 mod ingress;
+mod lab;
 mod pg;
 mod utils;
 mod worker;

@@ -1,0 +1,512 @@
+//! `breakwater lab <scenario>`: reproduce a database fault against a real
+//! PostgreSQL while a webhook stream flows through the real ingress, queue
+//! and workers, once with a naive consumer and once with Breakwater, and
+//! report both side by side.
+//!
+//! Each mode runs in this process on its own ports, queue and scratch
+//! schema (`bw_lab_<pid>_<mode>` in the given database, dropped after), with
+//! the sink reaching PostgreSQL through a [`FaultProxy`]. The timeline:
+//!
+//! ```text
+//! 0 ─── load at --rate ────────────────────────────────────── --duration ── drain ──▶
+//!          fault at --fault-at ──── --fault-secs ────▶ recovery
+//! ```
+//!
+//! | scenario | fault |
+//! |---|---|
+//! | `hot-row` | another session holds `SELECT ... FOR UPDATE` on order 1042 (30% of the events) |
+//! | `slow-db` | the proxy delays every chunk both ways (`--latency-ms`) |
+//! | `db-down` | the proxy resets every connection and refuses new ones |
+//! | `poison` | no fault; 10% of the events violate a CHECK constraint |
+//!
+//! **Naive mode** is the antipattern from the design, for comparison only:
+//! 32 workers on a pool of 20, no lock timeout (statement timeout 60 s), no
+//! breaker (dry run), no lanes, retries at a fixed 200 ms without jitter,
+//! dead-letter after 3 attempts. **Breakwater mode** is the defaults.
+//!
+//! Measured every 250 ms ([`Sample`]) and in total ([`ModeReport`]); how each
+//! figure is computed is documented on its field.
+
+pub mod driver;
+pub mod report;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use breakwater_faultproxy::{Fault, FaultProxy};
+use serde::Serialize;
+use tokio_postgres::NoTls;
+
+use self::driver::{DriveCounters, DriveSpec, HOT_ORDER, UNRELATED_ORDERS};
+pub use self::report::{LabReport, ModeReport, Sample};
+use crate::config::{BackoffJitter, Config, QueueConfig, StatementConfig};
+use crate::serve::{self, Role};
+
+/// The faults the lab can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    HotRow,
+    SlowDb,
+    DbDown,
+    Poison,
+}
+
+/// Which consumers to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeChoice {
+    Naive,
+    Breakwater,
+    Both,
+}
+
+/// One consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Naive,
+    Breakwater,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Naive => "naive",
+            Self::Breakwater => "breakwater",
+        }
+    }
+}
+
+/// Options of `breakwater lab`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct LabArgs {
+    /// The fault to inject.
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// PostgreSQL database to create the scratch schemas in.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test")]
+    pub database_url: String,
+    /// Seconds of webhook load.
+    #[arg(long, default_value_t = 60)]
+    pub duration: u64,
+    /// Webhooks per second.
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// Seconds into the load when the fault starts.
+    #[arg(long, default_value_t = 10)]
+    pub fault_at: u64,
+    /// Seconds the fault lasts.
+    #[arg(long, default_value_t = 30)]
+    pub fault_secs: u64,
+    /// Share of events for the hot order 1042.
+    #[arg(long, default_value_t = 0.3)]
+    pub hot_share: f64,
+    /// slow-db: delay per chunk forwarded, each way.
+    #[arg(long, default_value_t = 40)]
+    pub latency_ms: u64,
+    /// Most seconds to wait for the backlog after the load ends.
+    #[arg(long, default_value_t = 90)]
+    pub drain_timeout: u64,
+    /// Which consumers to run.
+    #[arg(long, value_enum, default_value_t = ModeChoice::Both)]
+    #[serde(skip)]
+    pub mode: ModeChoice,
+    /// Write the figures and time series as JSON here.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub json: Option<std::path::PathBuf>,
+    /// Directory for the lab's queues (removed afterwards).
+    #[arg(long, default_value = "data/lab")]
+    #[serde(skip)]
+    pub data_dir: std::path::PathBuf,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    #[serde(skip)]
+    pub quiet: bool,
+}
+
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+
+/// Runs the scenario in the chosen modes.
+pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
+    let modes: &[Mode] = match args.mode {
+        ModeChoice::Naive => &[Mode::Naive],
+        ModeChoice::Breakwater => &[Mode::Breakwater],
+        ModeChoice::Both => &[Mode::Naive, Mode::Breakwater],
+    };
+    let mut report = LabReport::new(args);
+    for mode in modes {
+        let r = run_mode(args, *mode).await?;
+        report.modes.insert(mode.as_str().to_owned(), r);
+    }
+    Ok(report)
+}
+
+/// Where the database is, parsed from `--database-url`.
+struct Target {
+    upstream: SocketAddr,
+    user: String,
+    password: Option<String>,
+    dbname: String,
+}
+
+async fn target(url: &str) -> anyhow::Result<Target> {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .with_context(|| format!("--database-url \"{url}\" is not a PostgreSQL URL"))?;
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => anyhow::bail!("--database-url needs a TCP host (the fault proxy sits on TCP)"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let upstream = tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .next()
+        .with_context(|| format!("cannot resolve {host}"))?;
+    Ok(Target {
+        upstream,
+        user: config.get_user().unwrap_or("postgres").to_owned(),
+        password: config
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned()),
+        dbname: config.get_dbname().unwrap_or("postgres").to_owned(),
+    })
+}
+
+async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {url}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// The config of one mode.
+fn mode_config(mode: Mode, sink_url: String, queue_dir: std::path::PathBuf) -> Config {
+    let mut c = crate::bench::bench_config(&queue_dir);
+    c.queue = QueueConfig {
+        path: queue_dir,
+        ..QueueConfig::default()
+    };
+    c.sink.url = sink_url;
+    c.sink.pool_max = 20;
+    c.sources[0].statements.push(StatementConfig {
+        sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity".into(),
+        params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
+    });
+    if mode == Mode::Naive {
+        c.sink.lock_timeout_ms = 60_000;
+        c.sink.statement_timeout_ms = 60_001;
+        c.sink.acquire_timeout_ms = 2000;
+        c.workers.max_concurrency = 32;
+        c.workers.per_key_concurrency = 0;
+        c.workers.max_attempts = 3;
+        c.workers.backoff_jitter = BackoffJitter::None;
+        c.workers.backoff_base_ms = 200;
+        c.workers.backoff_cap_ms = 200;
+        c.breaker.dry_run = true;
+    }
+    c
+}
+
+/// Wall-clock milliseconds.
+fn wall_ms() -> i64 {
+    crate::ingress::unix_now_ms()
+}
+
+async fn run_mode(args: &LabArgs, mode: Mode) -> anyhow::Result<ModeReport> {
+    let target = target(&args.database_url).await?;
+    let tag = format!("{}_{}", std::process::id(), mode.as_str());
+    let schema = format!("bw_lab_{tag}");
+    let direct = connect(&args.database_url).await?;
+    direct
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.orders (
+                 id bigint PRIMARY KEY,
+                 status text NOT NULL CHECK (status <> 'poison'),
+                 updated_at timestamptz);
+             INSERT INTO {schema}.orders (id, status)
+                 SELECT g, 'new' FROM generate_series(1, {UNRELATED_ORDERS}) g;
+             INSERT INTO {schema}.orders (id, status) VALUES ({HOT_ORDER}, 'new');"
+        ))
+        .await
+        .context("cannot create the lab's scratch schema")?;
+    let result = run_mode_in(args, mode, &target, &schema, &tag, &direct).await;
+    if let Err(e) = direct
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await
+    {
+        tracing::warn!(error = %e, %schema, "cannot drop the lab schema");
+    }
+    result
+}
+
+async fn run_mode_in(
+    args: &LabArgs,
+    mode: Mode,
+    target: &Target,
+    schema: &str,
+    app: &str,
+    direct: &tokio_postgres::Client,
+) -> anyhow::Result<ModeReport> {
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], 0)), target.upstream).await?;
+    let auth = match &target.password {
+        Some(p) => format!("{}:{p}", target.user),
+        None => target.user.clone(),
+    };
+    let sink_url = format!(
+        "postgres://{auth}@{}/{}?application_name=bw_lab_{app}&options=-c%20search_path%3D{schema}",
+        proxy.local_addr(),
+        target.dbname
+    );
+    let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
+    let config = mode_config(mode, sink_url, queue_dir.clone());
+    let running = serve::start(&config, Role::All, None)
+        .await
+        .context("cannot start the pipeline")?;
+    let ingress = running.ingress_addr.context("no ingress")?;
+
+    let counters = Arc::new(DriveCounters::default());
+    let spec = DriveSpec {
+        url: format!("http://{ingress}/webhooks/stripe"),
+        secret: crate::bench::BENCH_SECRET.to_owned(),
+        rate: args.rate,
+        duration: Duration::from_secs(args.duration),
+        hot_share: if args.scenario == Scenario::HotRow {
+            args.hot_share
+        } else {
+            0.0
+        },
+        poison_share: if args.scenario == Scenario::Poison {
+            0.1
+        } else {
+            0.0
+        },
+        tag: app.to_owned(),
+    };
+    let started = Instant::now();
+    let driver = tokio::spawn(driver::drive(spec, Arc::clone(&counters)));
+    let fault_start = Duration::from_secs(args.fault_at);
+    let fault_end = fault_start + Duration::from_secs(args.fault_secs);
+    let mut fault = FaultState::default();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut wall_fault = (0i64, 0i64);
+    let mut applies_at_fault = (0u64, 0u64);
+    let mut drive_done_at: Option<Instant> = None;
+    let mut last_progress = Instant::now();
+    let inbox_sql = format!(
+        "SELECT count(*) FILTER (WHERE entity_key = '{HOT_ORDER}'),
+                count(*) FILTER (WHERE entity_key IS DISTINCT FROM '{HOT_ORDER}')
+         FROM {schema}.breakwater_inbox"
+    );
+    let activity_sql = "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),
+                               count(*) FILTER (WHERE state <> 'idle')
+                        FROM pg_stat_activity WHERE application_name = $1";
+    let app_name = format!("bw_lab_{app}");
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tick.tick().await;
+        let t = started.elapsed();
+        // The fault's timeline.
+        if t >= fault_start && !fault.started && args.scenario != Scenario::Poison {
+            wall_fault.0 = wall_ms();
+            applies_at_fault.0 = running.controller.applies();
+            fault.start(args, &proxy, direct, schema).await?;
+        }
+        if t >= fault_end && fault.started && !fault.ended {
+            wall_fault.1 = wall_ms();
+            applies_at_fault.1 = running.controller.applies();
+            fault.end(&proxy).await?;
+        }
+        // The sample.
+        let (applied_hot, applied_unrelated) = direct
+            .query_one(inbox_sql.as_str(), &[])
+            .await
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+            .unwrap_or((0, 0));
+        let (lock_waiters, active) = direct
+            .query_one(activity_sql, &[&app_name])
+            .await
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
+            .unwrap_or((0, 0));
+        let stats = running.queue.stats().await.unwrap_or_default();
+        let gate = running.controller.gate();
+        let status_state = running.controller.status().state;
+        let sample = Sample {
+            t_ms: t.as_millis() as u64,
+            accepted: counters.accepted.load(Ordering::Relaxed),
+            applied_hot,
+            applied_unrelated,
+            lock_waiters,
+            connections_active: active,
+            state: status_state.as_str(),
+            limit: gate.limit,
+            dead_lettered: stats.dead_lettered,
+            backlog: stats.visible + stats.in_flight + stats.delayed,
+            applies: running.controller.applies(),
+            fault: fault.started && !fault.ended,
+        };
+        if !args.quiet && last_progress.elapsed() >= Duration::from_secs(1) {
+            last_progress = Instant::now();
+            eprintln!(
+                "[{:<10}] t={:>3}s{} accepted {:>6} applied {:>6} (hot {:>4}) backlog {:>5} waiters {:>2} conns {:>2} dlq {:>4} breaker {} x{}",
+                mode.as_str(),
+                t.as_secs(),
+                if sample.fault { " FAULT" } else { "      " },
+                sample.accepted,
+                sample.applied_hot + sample.applied_unrelated,
+                sample.applied_hot,
+                sample.backlog,
+                sample.lock_waiters,
+                sample.connections_active,
+                sample.dead_lettered,
+                sample.state,
+                sample.limit
+            );
+        }
+        let settled = sample.applied_hot + sample.applied_unrelated + sample.dead_lettered
+            >= sample.accepted
+            && sample.backlog == 0;
+        samples.push(sample);
+        if driver.is_finished() && drive_done_at.is_none() {
+            drive_done_at = Some(Instant::now());
+        }
+        if let Some(done) = drive_done_at {
+            let fault_over = fault.ended || args.scenario == Scenario::Poison;
+            if fault_over && settled {
+                break;
+            }
+            if done.elapsed() > Duration::from_secs(args.drain_timeout) {
+                if !args.quiet {
+                    eprintln!("[{}] drain timeout: stopping with a backlog", mode.as_str());
+                }
+                break;
+            }
+        }
+    }
+    driver.await.context("the driver panicked")?;
+    if fault.started && !fault.ended {
+        fault.end(&proxy).await?;
+    }
+    let history_at = started.elapsed();
+    let history = running.controller.status().history;
+    let stats = running.queue.stats().await.unwrap_or_default();
+    running.shutdown().await;
+    proxy.shutdown().await;
+    let _ = std::fs::remove_dir_all(&queue_dir);
+
+    // Totals, read from the database itself.
+    let applied: i64 = direct
+        .query_one(
+            &format!("SELECT count(*) FROM {schema}.breakwater_inbox"),
+            &[],
+        )
+        .await?
+        .get(0);
+    let lag = if wall_fault.1 > 0 {
+        direct
+            .query_one(
+                &format!(
+                    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+                            percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),
+                            count(*)
+                     FROM (SELECT extract(epoch FROM applied_at - received_at) * 1000 AS ms
+                           FROM {schema}.breakwater_inbox
+                           WHERE entity_key IS DISTINCT FROM '{HOT_ORDER}'
+                             AND received_at >= to_timestamp($1::float8 / 1000)
+                             AND received_at <  to_timestamp($2::float8 / 1000)) s"
+                ),
+                &[&(wall_fault.0 as f64), &(wall_fault.1 as f64)],
+            )
+            .await
+            .map(|r| {
+                (
+                    r.get::<_, Option<f64>>(0),
+                    r.get::<_, Option<f64>>(1),
+                    r.get::<_, i64>(2),
+                )
+            })
+            .unwrap_or((None, None, 0))
+    } else {
+        (None, None, 0)
+    };
+    let accepted = counters.accepted.load(Ordering::Relaxed);
+    let dead = stats.dead_lettered;
+    let fault_end_offset = fault_end.as_millis() as u64;
+    let report = report::summarize(report::Inputs {
+        mode,
+        accepted,
+        accepted_poison: counters.accepted_poison.load(Ordering::Relaxed),
+        refused: counters.refused.load(Ordering::Relaxed),
+        applied: applied as u64,
+        dead_lettered: dead,
+        lag_p50_ms: lag.0,
+        lag_p99_ms: lag.1,
+        lag_count: lag.2 as u64,
+        statements_during_fault: applies_at_fault.1.saturating_sub(applies_at_fault.0),
+        fault_start_ms: fault_start.as_millis() as u64,
+        fault_end_ms: fault_end_offset,
+        history,
+        history_at,
+        elapsed: started.elapsed(),
+        samples,
+        scenario: args.scenario,
+    });
+    Ok(report)
+}
+
+/// What the scenario's fault holds while it lasts.
+#[derive(Default)]
+struct FaultState {
+    started: bool,
+    ended: bool,
+    locker: Option<tokio_postgres::Client>,
+}
+
+impl FaultState {
+    async fn start(
+        &mut self,
+        args: &LabArgs,
+        proxy: &FaultProxy,
+        _direct: &tokio_postgres::Client,
+        schema: &str,
+    ) -> anyhow::Result<()> {
+        self.started = true;
+        match args.scenario {
+            Scenario::HotRow => {
+                let locker = connect(&args.database_url).await?;
+                locker
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT 1 FROM {schema}.orders WHERE id = {HOT_ORDER} FOR UPDATE;"
+                    ))
+                    .await
+                    .context("cannot lock the hot row")?;
+                self.locker = Some(locker);
+            }
+            Scenario::SlowDb => proxy.set(Fault::Latency {
+                per_chunk: Duration::from_millis(args.latency_ms),
+            }),
+            Scenario::DbDown => {
+                proxy.set(Fault::ResetAll);
+                proxy.set(Fault::Refuse);
+            }
+            Scenario::Poison => {}
+        }
+        Ok(())
+    }
+
+    async fn end(&mut self, proxy: &FaultProxy) -> anyhow::Result<()> {
+        self.ended = true;
+        if let Some(locker) = self.locker.take() {
+            locker.batch_execute("ROLLBACK").await?;
+        }
+        proxy.set(Fault::None);
+        Ok(())
+    }
+}

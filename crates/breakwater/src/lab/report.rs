@@ -1,0 +1,288 @@
+//! The lab's figures: per-sample time series, per-mode totals, the JSON
+//! shape scripts read, and the side-by-side table people read.
+//!
+//! JSON: `{"scenario": "...", "params": {...}, "modes": {"naive": {...},
+//! "breakwater": {...}}}`, each mode a [`ModeReport`] with its `series`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use breakwater_control::{State, TransitionRecord};
+use serde::Serialize;
+
+use super::{LabArgs, Mode, Scenario};
+
+/// One 250 ms sample of a mode's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Since the load started.
+    pub t_ms: u64,
+    /// Webhooks the ingress accepted (2xx) so far.
+    pub accepted: u64,
+    /// Inbox rows for the hot order / for every other order.
+    pub applied_hot: u64,
+    pub applied_unrelated: u64,
+    /// This mode's database sessions with `wait_event_type = 'Lock'`.
+    pub lock_waiters: u64,
+    /// This mode's database sessions not idle (active or in a transaction).
+    pub connections_active: u64,
+    /// Breaker state (in naive mode, what a dry-run breaker would be in).
+    pub state: &'static str,
+    /// Concurrency limit the workers obey.
+    pub limit: u32,
+    pub dead_lettered: u64,
+    /// Visible + in flight + delayed in the queue.
+    pub backlog: u64,
+    /// Transactions the workers had started so far.
+    pub applies: u64,
+    /// Whether the fault was on.
+    pub fault: bool,
+}
+
+/// A mode's totals.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeReport {
+    pub mode: Mode,
+    /// Answered 2xx by the ingress.
+    pub accepted: u64,
+    /// Accepted events that carried a poison payload (poison scenario).
+    pub accepted_poison: u64,
+    /// Not answered 2xx (the sender would retry them).
+    pub refused: u64,
+    /// Distinct events in the inbox at the end.
+    pub applied: u64,
+    pub dead_lettered: u64,
+    /// Accepted but neither applied nor dead-lettered at the end.
+    pub lost: u64,
+    /// Apply lag (`applied_at - received_at`; `applied_at` is the start of
+    /// the applying transaction) of unrelated events received during the
+    /// fault, milliseconds. Events of that window never applied are not in
+    /// it: see `unrelated_applied_during_fault`.
+    pub unrelated_lag_p50_ms: Option<f64>,
+    pub unrelated_lag_p99_ms: Option<f64>,
+    pub unrelated_applied_during_fault: u64,
+    /// Most sessions waiting on a lock at once (any sample).
+    pub max_lock_waiters: u64,
+    /// Most sessions in use at once (any sample).
+    pub max_connections_active: u64,
+    /// Database sessions waiting on a lock, integrated over the run
+    /// (sum of samples x 0.25 s): the lock-wait load put on the database.
+    pub lock_wait_session_seconds: f64,
+    /// Transactions started while the fault was on.
+    pub statements_during_fault: u64,
+    /// From the fault's end until the backlog is back within twice its
+    /// pre-fault maximum (at least 10), seconds.
+    pub drain_seconds: Option<f64>,
+    /// Openings of the breaker after the fault ended.
+    pub retrips: u64,
+    /// Whether the breaker opened (and gated: dry-run openings of the
+    /// naive mode's shadow breaker do not count; they are listed in
+    /// `breaker_transitions`).
+    pub breaker_opened: bool,
+    /// Every breaker transition, oldest first.
+    pub breaker_transitions: Vec<String>,
+    pub elapsed_seconds: f64,
+    pub series: Vec<Sample>,
+}
+
+/// The whole lab report.
+#[derive(Debug, Clone, Serialize)]
+pub struct LabReport {
+    pub scenario: Scenario,
+    pub params: LabArgs,
+    pub modes: BTreeMap<String, ModeReport>,
+}
+
+impl LabReport {
+    pub fn new(args: &LabArgs) -> Self {
+        Self {
+            scenario: args.scenario,
+            params: args.clone(),
+            modes: BTreeMap::new(),
+        }
+    }
+}
+
+/// What a mode's run measured, before summarizing.
+pub(super) struct Inputs {
+    pub mode: Mode,
+    pub scenario: Scenario,
+    pub accepted: u64,
+    pub accepted_poison: u64,
+    pub refused: u64,
+    pub applied: u64,
+    pub dead_lettered: u64,
+    pub lag_p50_ms: Option<f64>,
+    pub lag_p99_ms: Option<f64>,
+    pub lag_count: u64,
+    pub statements_during_fault: u64,
+    pub fault_start_ms: u64,
+    pub fault_end_ms: u64,
+    /// Breaker history and the run time at which it was read.
+    pub history: Vec<TransitionRecord>,
+    pub history_at: Duration,
+    pub elapsed: Duration,
+    pub samples: Vec<Sample>,
+}
+
+pub(super) fn summarize(i: Inputs) -> ModeReport {
+    let has_fault = i.scenario != Scenario::Poison;
+    let baseline = i
+        .samples
+        .iter()
+        .filter(|s| s.t_ms < i.fault_start_ms)
+        .map(|s| s.backlog)
+        .max()
+        .unwrap_or(0);
+    let caught_up = (2 * baseline).max(10);
+    let drain_seconds = has_fault
+        .then(|| {
+            i.samples
+                .iter()
+                .find(|s| s.t_ms >= i.fault_end_ms && s.backlog <= caught_up)
+                .map(|s| (s.t_ms - i.fault_end_ms) as f64 / 1000.0)
+        })
+        .flatten();
+    let history_at_ms = i.history_at.as_millis() as u64;
+    let retrips = i
+        .history
+        .iter()
+        .filter(|t| t.to == State::Open && !t.dry_run)
+        .filter(|t| history_at_ms.saturating_sub(t.ago_ms) > i.fault_end_ms)
+        .count() as u64;
+    ModeReport {
+        mode: i.mode,
+        accepted: i.accepted,
+        accepted_poison: i.accepted_poison,
+        refused: i.refused,
+        applied: i.applied,
+        dead_lettered: i.dead_lettered,
+        lost: i.accepted.saturating_sub(i.applied + i.dead_lettered),
+        unrelated_lag_p50_ms: i.lag_p50_ms,
+        unrelated_lag_p99_ms: i.lag_p99_ms,
+        unrelated_applied_during_fault: i.lag_count,
+        max_lock_waiters: i.samples.iter().map(|s| s.lock_waiters).max().unwrap_or(0),
+        max_connections_active: i
+            .samples
+            .iter()
+            .map(|s| s.connections_active)
+            .max()
+            .unwrap_or(0),
+        lock_wait_session_seconds: i.samples.iter().map(|s| s.lock_waiters).sum::<u64>() as f64
+            * super::SAMPLE_EVERY.as_secs_f64(),
+        statements_during_fault: i.statements_during_fault,
+        drain_seconds,
+        retrips,
+        breaker_opened: i.history.iter().any(|t| t.to == State::Open && !t.dry_run),
+        breaker_transitions: i
+            .history
+            .iter()
+            .map(|t| {
+                format!(
+                    "t={:.1}s {} -> {}: {}{}",
+                    history_at_ms.saturating_sub(t.ago_ms) as f64 / 1000.0,
+                    t.from,
+                    t.to,
+                    t.message,
+                    if t.dry_run { " (dry run)" } else { "" }
+                )
+            })
+            .collect(),
+        elapsed_seconds: i.elapsed.as_secs_f64(),
+        series: i.samples,
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
+}
+
+impl fmt::Display for LabReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = &self.params;
+        writeln!(
+            f,
+            "lab {:?}: {} webhooks/s for {} s, fault at {} s for {} s{}",
+            self.scenario,
+            p.rate,
+            p.duration,
+            p.fault_at,
+            p.fault_secs,
+            if self.scenario == Scenario::HotRow {
+                format!(", {:.0}% for order 1042", p.hot_share * 100.0)
+            } else {
+                String::new()
+            }
+        )?;
+        let modes: Vec<&ModeReport> = self.modes.values().collect();
+        write!(f, "{:<34}", "")?;
+        for m in &modes {
+            write!(f, "{:>14}", m.mode.as_str())?;
+        }
+        writeln!(f)?;
+        type Row = (&'static str, fn(&ModeReport) -> String);
+        let rows: [Row; 15] = [
+            ("accepted (2xx)", |m| m.accepted.to_string()),
+            ("applied", |m| m.applied.to_string()),
+            ("dead-lettered", |m| m.dead_lettered.to_string()),
+            ("lost", |m| m.lost.to_string()),
+            ("unrelated lag p50 in fault (ms)", |m| {
+                opt(m.unrelated_lag_p50_ms)
+            }),
+            ("unrelated lag p99 in fault (ms)", |m| {
+                opt(m.unrelated_lag_p99_ms)
+            }),
+            ("unrelated applied in fault", |m| {
+                m.unrelated_applied_during_fault.to_string()
+            }),
+            ("max sessions waiting on a lock", |m| {
+                m.max_lock_waiters.to_string()
+            }),
+            ("max sessions in use", |m| {
+                m.max_connections_active.to_string()
+            }),
+            ("lock-wait session-seconds", |m| {
+                format!("{:.1}", m.lock_wait_session_seconds)
+            }),
+            ("transactions during fault", |m| {
+                m.statements_during_fault.to_string()
+            }),
+            ("drain after fault (s)", |m| {
+                m.drain_seconds
+                    .map_or_else(|| "-".to_owned(), |d| format!("{d:.1}"))
+            }),
+            ("breaker opened", |m| m.breaker_opened.to_string()),
+            ("re-trips after fault", |m| m.retrips.to_string()),
+            ("run time (s)", |m| format!("{:.0}", m.elapsed_seconds)),
+        ];
+        for (name, value) in rows {
+            write!(f, "{name:<34}")?;
+            for m in &modes {
+                write!(f, "{:>14}", value(m))?;
+            }
+            writeln!(f)?;
+        }
+        for m in &modes {
+            if !m.breaker_transitions.is_empty() {
+                writeln!(f, "{} breaker transitions:", m.mode.as_str())?;
+                for t in m.breaker_transitions.iter().take(12) {
+                    writeln!(f, "  {t}")?;
+                }
+                if m.breaker_transitions.len() > 12 {
+                    writeln!(f, "  ... {} more", m.breaker_transitions.len() - 12)?;
+                }
+            }
+        }
+        if let (Some(n), Some(b)) = (self.modes.get("naive"), self.modes.get("breakwater"))
+            && n.lock_wait_session_seconds > 0.0
+        {
+            writeln!(
+                f,
+                "breakwater put {:.1}% of naive's lock-wait load on the database",
+                100.0 * b.lock_wait_session_seconds / n.lock_wait_session_seconds
+            )?;
+        }
+        Ok(())
+    }
+}
