@@ -120,8 +120,12 @@ pub struct CoolDownConfig {
 impl Default for CoolDownConfig {
     fn default() -> Self {
         Self {
-            base_ms: 10_000,
-            cap_ms: 300_000,
+            // Short enough that a database back after an outage is found
+            // within half a minute (a long cap leaves a recovered database
+            // idle while the backlog grows; measured with `breakwater lab
+            // db-down`), long enough that probes stay rare while it is down.
+            base_ms: 5_000,
+            cap_ms: 30_000,
             jitter: 0.2,
         }
     }

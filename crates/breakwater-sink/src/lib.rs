@@ -1,10 +1,20 @@
 //! Sinks: where workers apply webhooks, idempotently, and how their
 //! failures are classified.
 //!
-//! A sink applies one event in one short transaction: insert the event id
-//! into the inbox table (`breakwater_inbox`), and only if that insert was
-//! new, run the source's configured statements with parameters bound from
-//! the event. A redelivery finds the inbox row and has no second effect.
+//! A sink applies one event in one short transaction: insert the source
+//! and event id into the inbox table (`breakwater_inbox`, keyed on
+//! `(source, event_id)` like the queue's dedup, so two sources may carry
+//! the same event id), and only if that insert was new, run the source's
+//! configured statements with parameters bound from the event. A
+//! redelivery finds the inbox row and has no second effect.
+//!
+//! [`connect`] creates the inbox table if it is missing and prepares every
+//! configured statement once, so a statement naming an undefined table or
+//! column, a syntax error or (PostgreSQL) a parameter whose type cannot be
+//! inferred stops startup with a [`SinkSetupError::Statement`]. The tables
+//! the statements write to must therefore exist when the sink connects:
+//! create them (run the application's migrations) before starting the
+//! service.
 //!
 //! Failures carry a [`FailureClass`]: *dependency* failures (the database
 //! is slow, locked, saturated or unreachable) are retried and feed the
@@ -42,7 +52,7 @@ pub struct Event<'a> {
 pub enum Applied {
     /// First time: the inbox row was inserted and the statements ran.
     New,
-    /// The event id was already in the inbox: nothing ran.
+    /// This source's event id was already in the inbox: nothing ran.
     Duplicate,
 }
 
@@ -158,6 +168,22 @@ pub enum SinkSetupError {
     Settings(String),
 }
 
+/// The [`SinkSetupError::Migrate`] message for an inbox table whose primary
+/// key is not `(source, event_id)`: `key` is what was found, in key order.
+fn old_inbox_key(key: &[String]) -> String {
+    let found = if key.is_empty() {
+        "breakwater_inbox has no primary key".to_owned()
+    } else {
+        format!("breakwater_inbox has primary key ({})", key.join(", "))
+    };
+    format!(
+        "{found}, but the inbox must be keyed on (source, event_id) and an older table is \
+         not migrated: once no worker is applying, rename it (ALTER TABLE breakwater_inbox \
+         RENAME TO breakwater_inbox_old) or drop it, and restart to create the new one; \
+         events recorded only in the old table are then no longer recognised as duplicates"
+    )
+}
+
 /// Sessions waiting on locks, as the database sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LockSnapshot {
@@ -173,7 +199,11 @@ pub struct LockSnapshot {
 ///
 /// Validates the settings, compiles every source's statements (an unknown
 /// `$name` or a malformed `params` entry is a [`SinkSetupError::Statement`]),
-/// connects and creates the inbox table if it is missing.
+/// connects, creates the inbox table if it is missing (an existing one not
+/// keyed on `(source, event_id)` is a [`SinkSetupError::Migrate`]) and
+/// prepares every statement once: one the database rejects is a
+/// [`SinkSetupError::Statement`] with the database's message. The tables the
+/// statements name must already exist.
 pub async fn connect(
     settings: &SinkSettings,
     statements: &BTreeMap<String, Vec<StatementSpec>>,

@@ -27,18 +27,19 @@ use crate::{Applied, Event, FailureClass, Sink, SinkError, SinkSetupError};
 
 const MIGRATION: &str = "\
 CREATE TABLE IF NOT EXISTS breakwater_inbox (
-    event_id    TEXT PRIMARY KEY NOT NULL,
+    event_id    TEXT NOT NULL,
     source      TEXT NOT NULL,
     entity_key  TEXT,
     payload     TEXT,
     received_at TEXT NOT NULL,
-    applied_at  TEXT
+    applied_at  TEXT,
+    PRIMARY KEY (source, event_id)
 );";
 
 const INSERT_INBOX: &str = "\
 INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
 VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
-ON CONFLICT (event_id) DO NOTHING";
+ON CONFLICT (source, event_id) DO NOTHING";
 
 /// Where a `sqlite:` URL points.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,12 +77,18 @@ impl SqliteSink {
         let location = parse_url(settings.url.trim())
             .ok_or_else(|| SinkSetupError::UnsupportedUrl(settings.url.clone()))?;
         let busy_timeout = settings.lock_timeout;
-        let conn = tokio::task::spawn_blocking(move || open_connection(&location, busy_timeout))
-            .await
-            .map_err(|e| SinkSetupError::Connect(e.to_string()))??;
+        let statements = Arc::new(statements);
+        let to_check = Arc::clone(&statements);
+        let conn = tokio::task::spawn_blocking(move || {
+            let conn = open_connection(&location, busy_timeout)?;
+            check_statements(&conn, &to_check)?;
+            Ok::<_, SinkSetupError>(conn)
+        })
+        .await
+        .map_err(|e| SinkSetupError::Connect(e.to_string()))??;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
-            statements: Arc::new(statements),
+            statements,
             acquire_timeout: settings.acquire_timeout,
             in_use: Arc::new(AtomicUsize::new(0)),
         })
@@ -120,7 +127,48 @@ fn open_connection(
     conn.set_prepared_statement_cache_capacity(64);
     conn.execute_batch(MIGRATION)
         .map_err(|e| SinkSetupError::Migrate(e.to_string()))?;
+    check_inbox_key(&conn)?;
     Ok(conn)
+}
+
+/// Fails setup unless the inbox is keyed on `(source, event_id)`.
+fn check_inbox_key(conn: &Connection) -> Result<(), SinkSetupError> {
+    let migrate = |e: rusqlite::Error| SinkSetupError::Migrate(e.to_string());
+    let mut info = conn
+        .prepare("SELECT name, pk FROM pragma_table_info('breakwater_inbox') WHERE pk > 0")
+        .map_err(migrate)?;
+    let mut key = info
+        .query_map([], |row| {
+            Ok((row.get::<_, i64>(1)?, row.get::<_, String>(0)?))
+        })
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(migrate)?;
+    key.sort();
+    let key: Vec<String> = key.into_iter().map(|(_, name)| name).collect();
+    if key == ["source", "event_id"] {
+        Ok(())
+    } else {
+        Err(SinkSetupError::Migrate(crate::old_inbox_key(&key)))
+    }
+}
+
+/// Prepares every statement once, so a typo (an undefined table or column,
+/// a syntax error) stops the service at startup instead of dead-lettering
+/// the backlog.
+fn check_statements(conn: &Connection, statements: &Compiled) -> Result<(), SinkSetupError> {
+    let mut sources: Vec<_> = statements.iter().collect();
+    sources.sort_by(|a, b| a.0.cmp(b.0));
+    for (source, compiled) in sources {
+        for (index, statement) in compiled.iter().enumerate() {
+            conn.prepare(&statement.sql)
+                .map_err(|e| SinkSetupError::Statement {
+                    source_name: source.clone(),
+                    index,
+                    message: e.to_string(),
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// What the blocking side needs, owned.

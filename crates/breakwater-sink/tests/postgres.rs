@@ -558,7 +558,7 @@ async fn a_lost_connection_is_a_dependency_failure() {
 }
 
 #[tokio::test]
-async fn config_bugs_surface_at_connect_or_as_sql_errors() {
+async fn config_bugs_surface_at_connect() {
     let db = TestDb::new().await;
     db.client()
         .await
@@ -583,26 +583,154 @@ async fn config_bugs_surface_at_connect_or_as_sql_errors() {
         Ok(_) => panic!("accepted an unknown parameter"),
     }
 
-    let mut missing_table = BTreeMap::new();
-    missing_table.insert(
-        "s".to_owned(),
-        vec![spec("UPDATE nope SET a = 1 WHERE id = $entity", &[])],
-    );
-    let sink = connect(&db.settings(), &missing_table)
-        .await
-        .expect("connect");
-    let err = sink
-        .apply(&event("s", "evt_x", "1", &[], b"{}"))
-        .await
-        .expect_err("no such table");
+    // Statements the database rejects stop the service at startup, naming
+    // the source, the statement's index and the database's message.
+    let good = spec("UPDATE orders SET hits = hits + 1 WHERE id = $entity", &[]);
+    let x: &[(&str, &str)] = &[("x", "json:/x")];
+    for (bad_sql, params, code, needle) in [
+        (
+            "UPDATE nope SET a = 1 WHERE id = $entity",
+            &[][..],
+            "42P01",
+            "nope",
+        ),
+        (
+            "UPDATE orders SET nope = 1 WHERE id = $entity",
+            &[],
+            "42703",
+            "nope",
+        ),
+        (
+            "UPDATE orders SET hits = 1 WHER id = $entity",
+            &[],
+            "42601",
+            "WHER",
+        ),
+        (
+            "UPDATE orders SET hits = 1 WHERE $x IS NULL",
+            x,
+            "42P18",
+            "$1",
+        ),
+    ] {
+        let mut all = BTreeMap::new();
+        all.insert("fine".to_owned(), vec![good.clone()]);
+        all.insert("s".to_owned(), vec![good.clone(), spec(bad_sql, params)]);
+        match connect(&db.settings(), &all).await {
+            Err(SinkSetupError::Statement {
+                source_name,
+                index,
+                message,
+            }) => {
+                assert_eq!((source_name.as_str(), index), ("s", 1), "{message}");
+                assert!(message.contains(code), "{bad_sql}: {message}");
+                assert!(message.contains(needle), "{bad_sql}: {message}");
+            }
+            Err(other) => panic!("{bad_sql}: unexpected {other}"),
+            Ok(_) => panic!("accepted {bad_sql}"),
+        }
+    }
+
+    // Good statements pass the check and still apply.
+    let mut fine = BTreeMap::new();
+    fine.insert("s".to_owned(), vec![good]);
+    let sink = connect(&db.settings(), &fine).await.expect("connect");
     assert_eq!(
-        (err.class, err.kind),
-        (FailureClass::Permanent, "sql"),
-        "{err}"
+        sink.apply(&event("s", "evt_x", "1042", &[], b"{}"))
+            .await
+            .expect("applied"),
+        Applied::New
     );
-    assert_eq!(err.code.as_deref(), Some("42P01"));
+    let c = db.client().await;
+    assert_eq!(hits(&c, 1042).await, 1);
     // Connecting twice (a second node) leaves the inbox table alone.
     connect(&db.settings(), &BTreeMap::new())
         .await
         .expect("again");
+}
+
+#[tokio::test]
+async fn the_same_event_id_from_two_sources_applies_twice() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(ORDERS).await.expect("schema");
+    let bump = spec("UPDATE orders SET hits = hits + 1 WHERE id = $entity", &[]);
+    let mut all = BTreeMap::new();
+    all.insert("webhooks_a".to_owned(), vec![bump.clone()]);
+    all.insert("webhooks_b".to_owned(), vec![bump]);
+    let sink = connect(&db.settings(), &all).await.expect("connect");
+
+    let a = event("webhooks_a", "msg_same", "1042", &[], b"{}");
+    let b = event("webhooks_b", "msg_same", "1042", &[], b"{}");
+    assert_eq!(sink.apply(&a).await.expect("a"), Applied::New);
+    assert_eq!(sink.apply(&b).await.expect("b"), Applied::New);
+    assert_eq!(hits(&c, 1042).await, 2, "both sources' statements ran");
+    assert_eq!(sink.apply(&a).await.expect("a again"), Applied::Duplicate);
+    assert_eq!(sink.apply(&b).await.expect("b again"), Applied::Duplicate);
+    assert_eq!(hits(&c, 1042).await, 2, "redeliveries had no effect");
+    let sources: Vec<String> = c
+        .query(
+            "SELECT source FROM breakwater_inbox WHERE event_id = 'msg_same' ORDER BY source",
+            &[],
+        )
+        .await
+        .expect("inbox")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(sources, ["webhooks_a", "webhooks_b"]);
+}
+
+#[tokio::test]
+async fn an_inbox_keyed_on_event_id_alone_fails_setup() {
+    let db = TestDb::new().await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE breakwater_inbox (
+                 event_id text PRIMARY KEY, source text NOT NULL, entity_key text,
+                 payload jsonb, received_at timestamptz NOT NULL, applied_at timestamptz
+             )",
+        )
+        .await
+        .expect("old inbox");
+    match connect(&db.settings(), &BTreeMap::new()).await {
+        Err(SinkSetupError::Migrate(message)) => {
+            assert!(message.contains("primary key (event_id)"), "{message}");
+            assert!(message.contains("(source, event_id)"), "{message}");
+            assert!(message.contains("RENAME"), "{message}");
+        }
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("accepted the old inbox key"),
+    }
+}
+
+#[tokio::test]
+async fn a_locked_table_at_startup_times_out_instead_of_hanging() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(ORDERS).await.expect("schema");
+    let holder = db.client().await;
+    holder
+        .batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the table");
+    let settings = db.settings();
+    let started = Instant::now();
+    match connect(&settings, &statements()).await {
+        Err(SinkSetupError::Statement { message, .. }) => {
+            assert!(message.contains("55P03"), "{message}");
+        }
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("prepared against a locked table"),
+    }
+    assert!(
+        started.elapsed() < settings.lock_timeout * 5,
+        "{:?}",
+        started.elapsed()
+    );
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    connect(&settings, &statements())
+        .await
+        .expect("connects once the lock is gone");
 }

@@ -227,3 +227,125 @@ async fn memory_urls_and_setup_errors() {
     };
     assert!(matches!(err, SinkSetupError::Settings(_)), "{err}");
 }
+
+#[tokio::test]
+async fn the_same_event_id_from_two_sources_applies_twice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let bump = StatementSpec {
+        sql: "UPDATE orders SET hits = hits + 1 WHERE id = $entity".to_owned(),
+        params: BTreeMap::new(),
+    };
+    let mut all = BTreeMap::new();
+    all.insert("webhooks_a".to_owned(), vec![bump.clone()]);
+    all.insert("webhooks_b".to_owned(), vec![bump]);
+    let sink = connect(&settings(&path), &all).await.expect("connect");
+
+    let a = Event {
+        source: "webhooks_a",
+        ..event("msg_same", b"{}")
+    };
+    let b = Event {
+        source: "webhooks_b",
+        ..event("msg_same", b"{}")
+    };
+    let hits = || -> i64 {
+        c.query_row("SELECT hits FROM orders WHERE id = 1042", [], |r| r.get(0))
+            .expect("hits")
+    };
+    assert_eq!(sink.apply(&a).await.expect("a"), Applied::New);
+    assert_eq!(sink.apply(&b).await.expect("b"), Applied::New);
+    assert_eq!(hits(), 2, "both sources' statements ran");
+    assert_eq!(sink.apply(&a).await.expect("a again"), Applied::Duplicate);
+    assert_eq!(sink.apply(&b).await.expect("b again"), Applied::Duplicate);
+    assert_eq!(hits(), 2, "redeliveries had no effect");
+    let rows: i64 = c
+        .query_row(
+            "SELECT count(*) FROM breakwater_inbox WHERE event_id = 'msg_same'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("inbox");
+    assert_eq!(rows, 2);
+}
+
+#[tokio::test]
+async fn an_inbox_keyed_on_event_id_alone_fails_setup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    Connection::open(&path)
+        .expect("open")
+        .execute_batch(
+            "CREATE TABLE breakwater_inbox (
+                 event_id TEXT PRIMARY KEY NOT NULL, source TEXT NOT NULL, entity_key TEXT,
+                 payload TEXT, received_at TEXT NOT NULL, applied_at TEXT
+             )",
+        )
+        .expect("old inbox");
+    match connect(&settings(&path), &BTreeMap::new()).await {
+        Err(SinkSetupError::Migrate(message)) => {
+            assert!(message.contains("primary key (event_id)"), "{message}");
+            assert!(message.contains("(source, event_id)"), "{message}");
+        }
+        Err(other) => panic!("unexpected {other}"),
+        Ok(_) => panic!("accepted the old inbox key"),
+    }
+}
+
+#[tokio::test]
+async fn statements_the_database_rejects_fail_setup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    schema(&path);
+    for (bad_sql, needle) in [
+        (
+            "UPDATE nope SET a = 1 WHERE id = $entity",
+            "no such table: nope",
+        ),
+        (
+            "UPDATE orders SET nope = 1 WHERE id = $entity",
+            "no such column: nope",
+        ),
+        (
+            "UPDATE orders SET hits = 1 WHER id = $entity",
+            "syntax error",
+        ),
+    ] {
+        let mut all = statements();
+        all.insert(
+            "s".to_owned(),
+            vec![
+                StatementSpec {
+                    sql: "UPDATE orders SET hits = hits + 1 WHERE id = $entity".to_owned(),
+                    params: BTreeMap::new(),
+                },
+                StatementSpec {
+                    sql: bad_sql.to_owned(),
+                    params: BTreeMap::new(),
+                },
+            ],
+        );
+        match connect(&settings(&path), &all).await {
+            Err(SinkSetupError::Statement {
+                source_name,
+                index,
+                message,
+            }) => {
+                assert_eq!((source_name.as_str(), index), ("s", 1), "{message}");
+                assert!(message.contains(needle), "{bad_sql}: {message}");
+            }
+            Err(other) => panic!("{bad_sql}: unexpected {other}"),
+            Ok(_) => panic!("accepted {bad_sql}"),
+        }
+    }
+    // The tables must exist when the sink connects.
+    let err = match connect(&SinkSettings::new("sqlite::memory:"), &statements()).await {
+        Err(e) => e,
+        Ok(_) => panic!("accepted statements on missing tables"),
+    };
+    assert!(
+        matches!(&err, SinkSetupError::Statement { source_name, index: 0, .. } if source_name == "stripe"),
+        "{err}"
+    );
+}

@@ -191,11 +191,15 @@ pub struct WorkersConfig {
     pub max_attempts: u32,
     pub backoff_base_ms: u64,
     pub backoff_cap_ms: u64,
-    /// Jitter of the retry backoff: full (default), equal, decorrelated, or
-    /// none (plain capped exponential; with base = cap, a fixed interval).
+    /// Jitter of the retry backoff: full (default), equal, or none (plain
+    /// capped exponential; with base = cap, a fixed interval).
     pub backoff_jitter: BackoffJitter,
     /// Messages of one entity key applied at once (hot-key lanes); 0 = no limit.
     pub per_key_concurrency: u32,
+    /// Retry in the worker (sleeping while holding it) instead of through
+    /// the queue. The naive consumer's habit, for the outage lab's
+    /// comparison; leave it off.
+    pub retry_in_place: bool,
 }
 
 impl Default for WorkersConfig {
@@ -207,6 +211,7 @@ impl Default for WorkersConfig {
             backoff_cap_ms: 30_000,
             backoff_jitter: BackoffJitter::Full,
             per_key_concurrency: 1,
+            retry_in_place: false,
         }
     }
 }
@@ -218,7 +223,6 @@ pub enum BackoffJitter {
     #[default]
     Full,
     Equal,
-    Decorrelated,
     None,
 }
 
@@ -414,10 +418,17 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        if self.queue.lease_ms < 1000 {
+        // A lease must outlive the longest apply (pool wait + statements),
+        // or a slow apply's message is handed to a second worker.
+        let longest_apply = sink.acquire_timeout_ms + 2 * sink.statement_timeout_ms;
+        if self.queue.lease_ms < longest_apply.max(1000) {
             return Err(ConfigError::invalid(
                 "queue.lease_ms",
-                "must be at least 1000 ms",
+                format!(
+                    "must be at least {} ms (sink.acquire_timeout_ms + 2 x sink.statement_timeout_ms), \
+                     or a slow apply outlives its lease and runs twice",
+                    longest_apply.max(1000)
+                ),
             ));
         }
         if self.queue.backend != QueueBackend::Embedded {

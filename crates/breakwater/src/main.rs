@@ -253,6 +253,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     .with_context(|| format!("cannot write {}", path.display()))?;
                 eprintln!("wrote {}", path.display());
             }
+            if let Some(path) = &args.png {
+                breakwater::lab::chart::write_png(&report, path)?;
+                eprintln!("wrote {}", path.display());
+            }
             Ok(())
         }
         Command::Bench {

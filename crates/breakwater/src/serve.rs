@@ -155,13 +155,13 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
             kind: match w.backoff_jitter {
                 BackoffJitter::Full => Jitter::Full,
                 BackoffJitter::Equal => Jitter::Equal,
-                BackoffJitter::Decorrelated => Jitter::Decorrelated,
                 BackoffJitter::None => Jitter::None,
             },
             base: Duration::from_millis(w.backoff_base_ms),
             cap: Duration::from_millis(w.backoff_cap_ms),
         },
         lease: Duration::from_millis(config.queue.lease_ms),
+        retry_in_place: w.retry_in_place,
         lanes: LaneSettings {
             per_key: w.per_key_concurrency,
             max_held: (w.max_concurrency as usize * 16).max(64),

@@ -8,9 +8,16 @@ use crate::signals::heartbeats::WorkerState;
 
 const FAST: Duration = Duration::from_millis(5);
 
+/// The defaults with a pinned cool-down (10 s, doubling, cap 300 s), so the
+/// timing assertions below do not move when the defaults are tuned.
 fn cfg() -> BreakerConfig {
     BreakerConfig {
         max_concurrency: 100,
+        cool_down: crate::config::CoolDownConfig {
+            base_ms: 10_000,
+            cap_ms: 300_000,
+            jitter: 0.2,
+        },
         ..BreakerConfig::default()
     }
 }

@@ -7,7 +7,8 @@
 //! simple-query batch, the inbox insert (which also sets `applied_at`:
 //! `now()` is the transaction's timestamp, so a later `UPDATE` would write
 //! the same value), one per configured statement, and `COMMIT`. Statements
-//! are prepared once per connection (`prepare_cached`). Sessions get
+//! are prepared once per connection (`prepare_cached`), and once more at
+//! [`PgSink::connect`] to check them. Sessions get
 //! `idle_in_transaction_session_timeout` as a startup option, which costs no
 //! round trip.
 //!
@@ -38,19 +39,27 @@ const MIGRATION: &str = "\
 BEGIN;
 SELECT pg_advisory_xact_lock(7306115632147616117);
 CREATE TABLE IF NOT EXISTS breakwater_inbox (
-    event_id    text PRIMARY KEY,
+    event_id    text NOT NULL,
     source      text NOT NULL,
     entity_key  text,
     payload     jsonb,
     received_at timestamptz NOT NULL,
-    applied_at  timestamptz
+    applied_at  timestamptz,
+    PRIMARY KEY (source, event_id)
 );
 COMMIT;";
+
+/// The inbox's primary key columns, in key order (empty without one).
+const INBOX_KEY: &str = "\
+SELECT coalesce(array_agg(a.attname::text ORDER BY array_position(c.conkey, a.attnum)), '{}')
+FROM pg_constraint c
+JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)
+WHERE c.conrelid = 'breakwater_inbox'::regclass AND c.contype = 'p'";
 
 const INSERT_INBOX: &str = "\
 INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
 VALUES ($1, $2, $3, $4, $5, now())
-ON CONFLICT (event_id) DO NOTHING";
+ON CONFLICT (source, event_id) DO NOTHING";
 
 const LOCK_SNAPSHOT: &str = "\
 WITH waiting AS (
@@ -105,16 +114,52 @@ impl PgSink {
             drop(Object::take(client));
             return Err(SinkSetupError::Migrate(classify(&e).message));
         }
-        drop(client);
+        let key: Vec<String> = client
+            .query_one(INBOX_KEY, &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| SinkSetupError::Migrate(classify(&e).message))?;
+        check_inbox_key(&key)?;
+
+        let begin = format!(
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+            millis(settings.lock_timeout),
+            millis(settings.statement_timeout)
+        );
+        // Prepare every statement once, so a typo (an undefined table or
+        // column, a syntax error, a parameter whose type cannot be inferred)
+        // stops the service here instead of dead-lettering the backlog.
+        // Inside a transaction only for its lock and statement timeouts:
+        // parsing locks the tables a statement names. A failure returns
+        // before the pool is used, and dropping the pool closes the session.
+        client
+            .batch_execute(&begin)
+            .await
+            .map_err(|e| SinkSetupError::Connect(classify(&e).message))?;
+        let mut sources: Vec<_> = statements.iter().collect();
+        sources.sort_by(|a, b| a.0.cmp(b.0));
+        for (source, compiled) in sources {
+            for (index, statement) in compiled.iter().enumerate() {
+                client
+                    .prepare(&statement.sql)
+                    .await
+                    .map_err(|e| SinkSetupError::Statement {
+                        source_name: source.clone(),
+                        index,
+                        message: statement_error(&e),
+                    })?;
+            }
+        }
+        if client.batch_execute("ROLLBACK").await.is_err() {
+            drop(Object::take(client));
+        } else {
+            drop(client);
+        }
 
         Ok(Self {
             pool,
             statements,
-            begin: format!(
-                "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
-                millis(settings.lock_timeout),
-                millis(settings.statement_timeout)
-            ),
+            begin,
             statement_timeout: settings.statement_timeout,
             sampler: Sampler {
                 config: sampler_config,
@@ -194,6 +239,24 @@ impl PgSink {
             .await
             .map_err(|e| classify(&e))?;
         Ok(Applied::New)
+    }
+}
+
+/// Fails setup unless the inbox is keyed on `(source, event_id)`.
+fn check_inbox_key(key: &[String]) -> Result<(), SinkSetupError> {
+    if key == ["source", "event_id"] {
+        return Ok(());
+    }
+    Err(SinkSetupError::Migrate(crate::old_inbox_key(key)))
+}
+
+/// The database's message for a statement that failed to prepare, with its
+/// SQLSTATE.
+fn statement_error(err: &tokio_postgres::Error) -> String {
+    let classified = classify(err);
+    match classified.code {
+        Some(code) => format!("{} (SQLSTATE {code})", classified.message),
+        None => classified.message,
     }
 }
 

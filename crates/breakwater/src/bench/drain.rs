@@ -248,7 +248,7 @@ async fn run_pgbench(args: &DrainBenchArgs, config: &Config, db_url: &str) -> an
              SET LOCAL statement_timeout = '{stmt}ms';\n\
              INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at) \
              VALUES ('pg-' || :client_id || '-' || :n, 'stripe', :id, '{body}'::jsonb, now(), now()) \
-             ON CONFLICT (event_id) DO NOTHING;\n\
+             ON CONFLICT (source, event_id) DO NOTHING;\n\
              UPDATE orders SET status = 'paid', updated_at = now() WHERE id = :id;\n\
              COMMIT;\n",
             lock = config.sink.lock_timeout_ms,

@@ -19,7 +19,7 @@ mod error;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -196,10 +196,9 @@ async fn accept(
 }
 
 async fn ready(State(ingress): State<Arc<Ingress>>) -> Response {
-    match tokio::time::timeout(Duration::from_secs(2), ingress.queue.stats()).await {
-        Ok(Ok(_)) => (StatusCode::OK, "ready\n").into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("queue: {e}\n")).into_response(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "queue: no answer in 2 s\n").into_response(),
+    match ingress.queue.ready().await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("queue: {e}\n")).into_response(),
     }
 }
 

@@ -53,7 +53,9 @@ pub struct ModeReport {
     /// Distinct events in the inbox at the end.
     pub applied: u64,
     pub dead_lettered: u64,
-    /// Accepted but neither applied nor dead-lettered at the end.
+    /// Still in the queue when the run stopped (drain timeout): safe, not lost.
+    pub pending: u64,
+    /// Accepted but neither applied, dead-lettered nor still queued at the end.
     pub lost: u64,
     /// Apply lag (`applied_at - received_at`; `applied_at` is the start of
     /// the applying transaction) of unrelated events received during the
@@ -113,6 +115,7 @@ pub(super) struct Inputs {
     pub refused: u64,
     pub applied: u64,
     pub dead_lettered: u64,
+    pub pending: u64,
     pub lag_p50_ms: Option<f64>,
     pub lag_p99_ms: Option<f64>,
     pub lag_count: u64,
@@ -158,7 +161,10 @@ pub(super) fn summarize(i: Inputs) -> ModeReport {
         refused: i.refused,
         applied: i.applied,
         dead_lettered: i.dead_lettered,
-        lost: i.accepted.saturating_sub(i.applied + i.dead_lettered),
+        pending: i.pending,
+        lost: i
+            .accepted
+            .saturating_sub(i.applied + i.dead_lettered + i.pending),
         unrelated_lag_p50_ms: i.lag_p50_ms,
         unrelated_lag_p99_ms: i.lag_p99_ms,
         unrelated_applied_during_fault: i.lag_count,
@@ -222,10 +228,11 @@ impl fmt::Display for LabReport {
         }
         writeln!(f)?;
         type Row = (&'static str, fn(&ModeReport) -> String);
-        let rows: [Row; 15] = [
+        let rows: [Row; 16] = [
             ("accepted (2xx)", |m| m.accepted.to_string()),
             ("applied", |m| m.applied.to_string()),
             ("dead-lettered", |m| m.dead_lettered.to_string()),
+            ("still queued at the end", |m| m.pending.to_string()),
             ("lost", |m| m.lost.to_string()),
             ("unrelated lag p50 in fault (ms)", |m| {
                 opt(m.unrelated_lag_p50_ms)

@@ -167,4 +167,6 @@ pub trait Queue: Send + Sync + 'static {
     ) -> Result<(), QueueError>;
     /// Current counts.
     async fn stats(&self) -> Result<QueueStats, QueueError>;
+    /// Whether the queue can take messages now: cheap, for `/readyz`.
+    async fn ready(&self) -> Result<(), QueueError>;
 }

@@ -7,9 +7,13 @@
 //! | every | what | breaker input |
 //! |---|---|---|
 //! | 100 ms | worker heartbeats (which slots are applying, for how long) | `observe_heartbeats` |
-//! | 1 s | queue counts | `observe_queue` |
-//! | 1 s | database lock waiters (`pg_stat_activity`) | `observe_db_lock_waiters` |
+//! | 1 s | queue counts (own task) | `observe_queue` |
+//! | 1 s | database lock waiters, `pg_stat_activity` (own task) | `observe_db_lock_waiters` |
 //! | 100 ms | evaluation | `evaluate` |
+//!
+//! The two 1 s samples run in their own task so that a queue or database
+//! that is slow to answer never delays the evaluation tick (cool-downs,
+//! probe timeouts and ramp steps keep their timing).
 //!
 //! Workers report each outcome directly ([`Controller::record`]). Every
 //! transition is logged once with its reason, counted in metrics, and wakes
@@ -259,18 +263,15 @@ impl Controller {
         sink: Arc<dyn Sink>,
         mut stop: watch::Receiver<bool>,
     ) {
+        // Sampling waits on the queue and the database, which may be the
+        // very thing that is down: it runs beside the tick, never in it.
+        let sampler = tokio::spawn(Arc::clone(&self).sample_loop(queue, sink, stop.clone()));
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_sample: Option<Instant> = None;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.wait_for(|s| *s) => break,
-            }
-            let now = Instant::now();
-            if last_sample.is_none_or(|t| now.duration_since(t) >= SAMPLE_EVERY) {
-                last_sample = Some(now);
-                self.sample(queue.as_ref(), sink.as_ref()).await;
             }
             let now = Instant::now();
             let beats = self.slots.heartbeats(now);
@@ -282,6 +283,24 @@ impl Controller {
             if let Some(t) = t {
                 self.announce(&t);
             }
+        }
+        let _ = sampler.await;
+    }
+
+    async fn sample_loop(
+        self: Arc<Self>,
+        queue: Arc<dyn Queue>,
+        sink: Arc<dyn Sink>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let mut every = tokio::time::interval(SAMPLE_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            self.sample(queue.as_ref(), sink.as_ref()).await;
         }
     }
 

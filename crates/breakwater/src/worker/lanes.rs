@@ -228,6 +228,21 @@ impl<T> Lanes<T> {
         next
     }
 
+    /// A message `finish` handed out to run will not run after all (the
+    /// breaker closed the gate): give its slot back without starting the
+    /// next one. The key's other messages stay held for [`Lanes::drain`].
+    pub fn unstart(&mut self, key: Option<&str>) {
+        let Some(key) = key.filter(|_| self.settings.per_key > 0) else {
+            return;
+        };
+        if let Some(n) = self.running.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.running.remove(key);
+            }
+        }
+    }
+
     /// Takes every waiting message out (breaker opened, or shutdown).
     pub fn drain(&mut self) -> Vec<T> {
         self.held = 0;
@@ -369,6 +384,21 @@ mod tests {
         drained.sort_unstable();
         assert_eq!(drained, vec![2, 4]);
         assert_eq!(l.held(), 0);
+    }
+
+    #[test]
+    fn unstart_frees_the_slot_without_starting_the_next() {
+        let t = Instant::now();
+        let mut l = lanes();
+        assert_eq!(l.admit(Some("k"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("k"), 2, t), Admit::Held);
+        assert_eq!(l.admit(Some("k"), 3, t), Admit::Held);
+        let next = l.finish(Some("k"), LaneOutcome::Success, t);
+        assert_eq!(next.run, vec![2]);
+        l.unstart(Some("k"));
+        assert!(l.can_run(Some("k"), t));
+        assert_eq!(l.held(), 1);
+        assert_eq!(l.drain(), vec![3]);
     }
 
     #[test]

@@ -46,6 +46,9 @@ use crate::telemetry;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 /// Pause when the queue has nothing visible.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// Delay of a message that could not be a probe (its key busy or parked,
+/// or every probe slot taken).
+const PROBE_REFUSED_DELAY: Duration = Duration::from_millis(250);
 /// Pause after a queue error.
 const ERROR_WAIT: Duration = Duration::from_millis(500);
 
@@ -57,6 +60,10 @@ pub struct WorkerSettings {
     pub backoff: BackoffPolicy,
     pub lease: Duration,
     pub lanes: LaneSettings,
+    /// Retry a dependency failure at once in the same worker, sleeping the
+    /// backoff while holding the slot, instead of through the queue: the
+    /// naive consumer's habit, kept for the outage lab's comparison only.
+    pub retry_in_place: bool,
 }
 
 /// A message on its way through a worker.
@@ -76,6 +83,38 @@ impl Job {
 struct Done {
     job: Job,
     result: Result<Applied, SinkError>,
+}
+
+/// Applies one message once and reports the outcome to the breaker.
+async fn apply_once(
+    sink: &dyn Sink,
+    controller: &Controller,
+    job: &Job,
+) -> Result<Applied, SinkError> {
+    let started = Instant::now();
+    controller.count_apply();
+    let result = {
+        let _slot = controller.slots.begin(started);
+        let m = &job.delivery.message;
+        let event = Event {
+            source: &m.source,
+            event_id: &m.event_id,
+            entity_key: m.entity_key.as_deref(),
+            headers: &m.headers,
+            body: &m.body,
+            received_at_ms: m.received_at_ms,
+        };
+        sink.apply(&event).await
+    };
+    let latency = started.elapsed();
+    metrics::histogram!(telemetry::SINK_APPLY_SECONDS).record(latency.as_secs_f64());
+    let class = match &result {
+        Ok(_) => OutcomeClass::Success,
+        Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
+        Err(_) => OutcomeClass::Dependency,
+    };
+    controller.record(Outcome { class, latency }, job.probe);
+    result
 }
 
 /// Parked keys, shared with the admin API.
@@ -147,16 +186,16 @@ impl Dispatcher {
                 self.wait(&mut stop, Duration::from_millis(250)).await;
                 continue;
             }
-            let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
-            let free = gate
-                .limit
-                .min(self.settings.max_concurrency)
-                .saturating_sub(running);
+            // Messages held behind a busy key count against the budget too,
+            // or a hot key's backlog would be claimed and released in a loop.
+            let busy = self.running.len() + self.lanes.held();
+            let limit = gate.limit.min(self.settings.max_concurrency) as usize;
+            let free = limit.saturating_sub(busy);
             if free == 0 {
                 self.wait(&mut stop, IDLE_WAIT).await;
                 continue;
             }
-            let want = if gate.probe_only { 1 } else { free as usize };
+            let want = if gate.probe_only { 1 } else { free };
             let deliveries = match self.queue.claim(want, self.settings.lease).await {
                 Ok(d) => d,
                 Err(e) => {
@@ -165,12 +204,24 @@ impl Dispatcher {
                     continue;
                 }
             };
-            if deliveries.is_empty() {
-                self.wait(&mut stop, IDLE_WAIT).await;
+            // The breaker may have moved while the claim was under way.
+            let now_gate = self.controller.gate();
+            if now_gate.generation != gate.generation
+                && (!now_gate.may_poll || now_gate.probe_only != gate.probe_only)
+            {
+                for d in deliveries {
+                    self.release(d.receipt, Duration::ZERO);
+                }
                 continue;
             }
+            let started_before = self.running.len();
             for delivery in deliveries {
                 self.admit(delivery, gate.probe_only);
+            }
+            if self.running.len() == started_before {
+                // Nothing could start (empty queue, or only held, parked or
+                // refused messages): do not spin.
+                self.wait(&mut stop, IDLE_WAIT).await;
             }
         }
         self.shut_down().await;
@@ -191,7 +242,7 @@ impl Dispatcher {
             match ticket {
                 Some(t) => probe = Some(t),
                 None => {
-                    self.release(delivery.receipt, Duration::ZERO);
+                    self.release(delivery.receipt, PROBE_REFUSED_DELAY);
                     return;
                 }
             }
@@ -210,34 +261,28 @@ impl Dispatcher {
         }
     }
 
-    fn spawn_apply(&mut self, job: Job) {
+    fn spawn_apply(&mut self, mut job: Job) {
         let sink = Arc::clone(&self.sink);
         let controller = Arc::clone(&self.controller);
+        let in_place = self
+            .settings
+            .retry_in_place
+            .then_some((self.settings.max_attempts, self.settings.backoff));
         self.running.spawn(async move {
-            let started = Instant::now();
-            controller.count_apply();
-            let result = {
-                let _slot = controller.slots.begin(started);
-                let m = &job.delivery.message;
-                let event = Event {
-                    source: &m.source,
-                    event_id: &m.event_id,
-                    entity_key: m.entity_key.as_deref(),
-                    headers: &m.headers,
-                    body: &m.body,
-                    received_at_ms: m.received_at_ms,
-                };
-                sink.apply(&event).await
-            };
-            let latency = started.elapsed();
-            metrics::histogram!(telemetry::SINK_APPLY_SECONDS).record(latency.as_secs_f64());
-            let class = match &result {
-                Ok(_) => OutcomeClass::Success,
-                Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
-                Err(_) => OutcomeClass::Dependency,
-            };
-            controller.record(Outcome { class, latency }, job.probe);
-            Done { job, result }
+            loop {
+                let result = apply_once(sink.as_ref(), &controller, &job).await;
+                // The naive habit: retry here, holding the worker.
+                if let (Err(e), Some((max_attempts, backoff))) = (&result, &in_place) {
+                    let m = &mut job.delivery.message;
+                    if e.class == FailureClass::Dependency && m.attempts + 1 < *max_attempts {
+                        m.attempts += 1;
+                        let mut rng = SmallRng::from_os_rng();
+                        tokio::time::sleep(backoff.delay(m.attempts, None, &mut rng)).await;
+                        continue;
+                    }
+                }
+                return Done { job, result };
+            }
         });
     }
 
@@ -296,7 +341,11 @@ impl Dispatcher {
                     tracing::info!(key = ?key, park_ms = park.as_millis() as u64, error = %e,
                         "row lock: key parked, message released untried");
                     self.release(receipt, park);
-                } else if !self.controller.gate().may_poll {
+                } else if !self.controller.gate().may_poll && job.probe.is_none() {
+                    // The breaker opened while this one ran: hand it back
+                    // untried. (A failed probe is what re-opened it: that
+                    // one counts an attempt below, so a message that always
+                    // fails cannot hold the fleet paused for ever.)
                     count("released");
                     self.release(receipt, Duration::ZERO);
                 } else if m.attempts + 1 >= self.settings.max_attempts {
@@ -321,8 +370,17 @@ impl Dispatcher {
                 }
             }
         }
+        let gate_open = self.controller.gate().may_poll;
         for job in next.run {
-            self.spawn_apply(job);
+            if gate_open {
+                self.spawn_apply(job);
+            } else {
+                // The next message of the key must not start against a
+                // database the breaker is protecting; the lane is freed.
+                self.lanes.unstart(job.key());
+                count("released");
+                self.release(job.delivery.receipt, Duration::ZERO);
+            }
         }
         for (job, delay) in next.release {
             count("released");

@@ -260,6 +260,18 @@ impl Queue for EmbeddedQueue {
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         self.read(|c| store::stats(c, now_ms())).await
     }
+
+    async fn ready(&self) -> Result<(), QueueError> {
+        if self.ops.is_closed() {
+            Err(QueueError::Closed)
+        } else if self.ops.capacity() == 0 {
+            Err(QueueError::Full {
+                pending: self.ops.max_capacity(),
+            })
+        } else {
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

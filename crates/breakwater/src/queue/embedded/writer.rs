@@ -142,15 +142,22 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
         let size = batch.len();
         let started = Instant::now();
         let durable = batch.iter().any(Op::needs_fsync);
+        let mut finishes: Vec<Finish> = Vec::with_capacity(size);
+        let mut result = Ok(());
         if durable != fsyncing {
             let mode = if durable { "FULL" } else { "NORMAL" };
             match conn.pragma_update(None, "synchronous", mode) {
                 Ok(()) => fsyncing = durable,
+                // Never answer an enqueue without the fsync it was promised.
+                Err(e) if durable => result = Err(e),
                 Err(e) => tracing::warn!(error = %e, mode, "cannot switch synchronous mode"),
             }
         }
-        let mut finishes: Vec<Finish> = Vec::with_capacity(size);
-        let result = run_batch(&mut conn, batch.drain(..), forget, &mut finishes);
+        if result.is_ok() {
+            result = run_batch(&mut conn, batch.drain(..), forget, &mut finishes);
+        } else {
+            finishes.extend(batch.drain(..).map(abandon));
+        }
         match &result {
             Ok(()) => finishes.into_iter().for_each(|f| f(Ok(()))),
             Err(e) => {
@@ -178,7 +185,10 @@ fn run_batch(
     forget: bool,
     finishes: &mut Vec<Finish>,
 ) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
+    // IMMEDIATE: take the write lock up front (waiting out another
+    // process, e.g. `dlq replay`, through the busy timeout) instead of
+    // failing when a read turns into a write.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let now = now_ms();
     let (mut acked, mut dead) = (0u64, 0u64);
     let mut ops = ops;
