@@ -209,7 +209,11 @@ impl Default for FailureRatioConfig {
         Self {
             enabled: true,
             threshold: 0.15,
-            window_secs: 60,
+            // 10 s, not 60: when the database goes away, a minute of healthy
+            // history dilutes the failures and the breaker trips seconds
+            // late, long enough for retries to exhaust messages into the DLQ
+            // (measured with `breakwater lab db-down`).
+            window_secs: 10,
             min_calls: 20,
         }
     }

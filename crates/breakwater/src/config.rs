@@ -207,7 +207,11 @@ impl Default for WorkersConfig {
         Self {
             max_concurrency: 16,
             max_attempts: 5,
-            backoff_base_ms: 100,
+            // Five attempts from 500 ms take seconds, longer than the breaker
+            // needs to notice a database that went away; from 100 ms they
+            // took under a second and dead-lettered messages in a plain
+            // outage (`breakwater lab db-down`).
+            backoff_base_ms: 500,
             backoff_cap_ms: 30_000,
             backoff_jitter: BackoffJitter::Full,
             per_key_concurrency: 1,

@@ -164,7 +164,7 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
         retry_in_place: w.retry_in_place,
         lanes: LaneSettings {
             per_key: w.per_key_concurrency,
-            max_held: (w.max_concurrency as usize * 16).max(64),
+            max_held: (w.max_concurrency as usize * 4).max(32),
             ..LaneSettings::default()
         },
     }

@@ -8,11 +8,16 @@ use crate::signals::heartbeats::WorkerState;
 
 const FAST: Duration = Duration::from_millis(5);
 
-/// The defaults with a pinned cool-down (10 s, doubling, cap 300 s), so the
-/// timing assertions below do not move when the defaults are tuned.
+/// The defaults with a pinned cool-down (10 s, doubling, cap 300 s) and a
+/// 60 s failure window, so the timing assertions below do not move when the
+/// defaults are tuned.
 fn cfg() -> BreakerConfig {
     BreakerConfig {
         max_concurrency: 100,
+        failure_ratio: crate::config::FailureRatioConfig {
+            window_secs: 60,
+            ..crate::config::FailureRatioConfig::default()
+        },
         cool_down: crate::config::CoolDownConfig {
             base_ms: 10_000,
             cap_ms: 300_000,

@@ -202,8 +202,13 @@ fn ratio(part: u64, whole: u64) -> f64 {
 mod tests {
     use super::*;
 
+    /// The defaults with the failure window pinned at 60 s (the texts below name it).
     fn sig() -> OutcomeSignals {
-        OutcomeSignals::new(&FailureRatioConfig::default(), &SlowCallConfig::default())
+        let failures = FailureRatioConfig {
+            window_secs: 60,
+            ..FailureRatioConfig::default()
+        };
+        OutcomeSignals::new(&failures, &SlowCallConfig::default())
     }
 
     const FAST: Duration = Duration::from_millis(5);

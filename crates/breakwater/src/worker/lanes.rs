@@ -21,8 +21,10 @@
 //!
 //! - at most `per_key` running messages per key;
 //! - a parked key runs nothing until its park ends;
-//! - at most `max_held` messages wait in memory; beyond that a message is
-//!   released back to the queue with a short delay;
+//! - at most `max_held` messages wait in memory, and at most
+//!   `max_held_per_key` behind one key (so a held message's lease does not
+//!   run out behind a long line); beyond that a message is released back
+//!   to the queue with a short delay;
 //! - every item handed to `admit` comes back exactly once: as `Run`, as
 //!   `Release`, or later from `finish` / `drain`.
 
@@ -82,6 +84,8 @@ pub struct LaneSettings {
     pub per_key: u32,
     /// Messages waiting in memory, all keys together.
     pub max_held: usize,
+    /// Messages waiting in memory behind one key.
+    pub max_held_per_key: usize,
     /// First park of a key after a lock failure.
     pub park_base: Duration,
     /// Longest park.
@@ -95,6 +99,7 @@ impl Default for LaneSettings {
         Self {
             per_key: 1,
             max_held: 256,
+            max_held_per_key: 8,
             park_base: Duration::from_millis(500),
             park_cap: Duration::from_secs(4),
             overflow_delay: Duration::from_millis(200),
@@ -160,7 +165,8 @@ impl<T> Lanes<T> {
             *self.running.entry(key.to_owned()).or_insert(0) += 1;
             return Admit::Run(item);
         }
-        if self.held >= self.settings.max_held {
+        let behind_key = self.waiting.get(key).map_or(0, VecDeque::len);
+        if self.held >= self.settings.max_held || behind_key >= self.settings.max_held_per_key {
             return Admit::Release(item, self.settings.overflow_delay);
         }
         self.waiting
@@ -309,6 +315,25 @@ mod tests {
         }
         assert!(matches!(l.admit(Some("k"), 4, t), Admit::Release(4, _)));
         assert_eq!(l.held(), 3);
+        // The total bound holds across keys.
+        assert_eq!(l.admit(Some("other"), 5, t), Admit::Run(5));
+        assert!(matches!(l.admit(Some("other"), 6, t), Admit::Release(6, _)));
+    }
+
+    #[test]
+    fn per_key_bound_releases_the_excess_of_one_key() {
+        let t = Instant::now();
+        let mut l = Lanes::new(LaneSettings {
+            max_held: 100,
+            max_held_per_key: 2,
+            ..LaneSettings::default()
+        });
+        assert_eq!(l.admit(Some("hot"), 0, t), Admit::Run(0));
+        assert_eq!(l.admit(Some("hot"), 1, t), Admit::Held);
+        assert_eq!(l.admit(Some("hot"), 2, t), Admit::Held);
+        assert!(matches!(l.admit(Some("hot"), 3, t), Admit::Release(3, _)));
+        assert_eq!(l.admit(Some("cold"), 4, t), Admit::Run(4));
+        assert_eq!(l.admit(Some("cold"), 5, t), Admit::Held);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //!        │ no
 //!   free slots = gate.limit - running ── 0 ──▶ wait for an apply to end
 //!        │ > 0
-//!   claim up to free slots (half-open: 1, and only with a probe ticket)
+//!   claim up to free slots (half-open: 1, and only with a probe ticket);
+//!   gate moved meanwhile? release them untried
 //!        │
 //!   lanes: run now / hold behind its key / release (key parked)
 //!        │
@@ -186,11 +187,12 @@ impl Dispatcher {
                 self.wait(&mut stop, Duration::from_millis(250)).await;
                 continue;
             }
-            // Messages held behind a busy key count against the budget too,
-            // or a hot key's backlog would be claimed and released in a loop.
-            let busy = self.running.len() + self.lanes.held();
+            // Held messages do not count: a hot key's held messages must not
+            // stop unrelated keys from being claimed. The lanes bound what
+            // they hold (per key and in all) and release the rest, and a
+            // claim that starts nothing waits before the next one.
             let limit = gate.limit.min(self.settings.max_concurrency) as usize;
-            let free = limit.saturating_sub(busy);
+            let free = limit.saturating_sub(self.running.len());
             if free == 0 {
                 self.wait(&mut stop, IDLE_WAIT).await;
                 continue;
