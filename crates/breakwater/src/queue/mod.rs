@@ -147,6 +147,19 @@ pub trait Queue: Send + Sync + 'static {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError>;
     /// Claims up to `max` visible messages under a lease of `lease`.
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError>;
+    /// Like `claim`, leaving messages of `skip_keys` (entity keys the caller
+    /// cannot run now: parked, or with a full lane) in the queue. A backend
+    /// that cannot filter may ignore `skip_keys`; the caller hands back
+    /// what it cannot run.
+    async fn claim_skipping(
+        &self,
+        max: usize,
+        lease: Duration,
+        skip_keys: &[String],
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let _ = skip_keys;
+        self.claim(max, lease).await
+    }
     /// The message was applied: remove it.
     async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError>;
     /// The attempt failed: make it visible again after `delay`, counting an attempt.

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use breakwater_control::{
     Breaker, BreakerConfig, BreakerStatus, ConfigError, GateSnapshot, Heartbeat, Outcome,
-    ProbeTicket, QueueSample, SharedGate, State, Transition, WorkerState,
+    ProbeTicket, QueueSample, SharedGate, SignalKind, State, Transition, WorkerState,
 };
 use breakwater_sink::Sink;
 use tokio::sync::{Notify, watch};
@@ -187,6 +187,21 @@ impl Controller {
     /// Applies started since start: every transaction the workers sent.
     pub fn applies(&self) -> u64 {
         self.applies.load(Ordering::Relaxed)
+    }
+
+    /// Whether the database looks like the problem right now: the breaker
+    /// is not closed, or dependency failures are at least half of the
+    /// tripping ratio. While it is, a message that keeps failing on the
+    /// dependency is not dead-lettered for running out of attempts (the
+    /// fault is not the message's); it is retried later instead.
+    pub fn dependency_trouble(&self) -> bool {
+        let status = self.status();
+        status.state != State::Closed
+            || status
+                .signals
+                .iter()
+                .filter(|s| s.signal == SignalKind::FailureRatio)
+                .any(|s| s.tripping || s.value.is_some_and(|v| v >= s.threshold / 2.0))
     }
 
     /// Half-open: takes a probe slot if one is free.
@@ -358,6 +373,26 @@ mod tests {
         drop(a);
         let beats = slots.heartbeats(t + Duration::from_secs(1));
         assert_eq!(beats[0].state, WorkerState::Idle);
+    }
+
+    #[test]
+    fn dependency_trouble_follows_the_failure_ratio() {
+        let c = Controller::new(BreakerConfig::default(), 4).expect("controller");
+        assert!(!c.dependency_trouble());
+        for _ in 0..30 {
+            c.record(Outcome::success(Duration::from_millis(5)), None);
+        }
+        assert!(!c.dependency_trouble(), "all well");
+        for _ in 0..4 {
+            c.record(Outcome::dependency(Duration::from_millis(5)), None);
+        }
+        assert!(
+            c.dependency_trouble(),
+            "4 of 34 failing is above half of 15%"
+        );
+        let c = Controller::new(BreakerConfig::default(), 4).expect("controller");
+        c.trip("test", None);
+        assert!(c.dependency_trouble(), "open");
     }
 
     #[test]

@@ -150,6 +150,28 @@ impl<T> Lanes<T> {
         !parked && self.running.get(key).copied().unwrap_or(0) < self.settings.per_key
     }
 
+    /// Keys whose messages cannot be taken now: parked, or with a full
+    /// line of held messages. The dispatcher leaves them in the queue.
+    pub fn blocked_keys(&self, now: Instant) -> Vec<String> {
+        if self.settings.per_key == 0 {
+            return Vec::new();
+        }
+        let parked = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.until > now)
+            .map(|(k, _)| k.clone());
+        let full = self
+            .waiting
+            .iter()
+            .filter(|(_, q)| q.len() >= self.settings.max_held_per_key)
+            .map(|(k, _)| k.clone());
+        let mut keys: Vec<String> = parked.chain(full).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Decides what to do with a message of `key` (`None`: no lane).
     pub fn admit(&mut self, key: Option<&str>, item: T, now: Instant) -> Admit<T> {
         let Some(key) = key.filter(|_| self.settings.per_key > 0) else {
@@ -424,6 +446,28 @@ mod tests {
         assert!(l.can_run(Some("k"), t));
         assert_eq!(l.held(), 1);
         assert_eq!(l.drain(), vec![3]);
+    }
+
+    #[test]
+    fn blocked_keys_are_parked_or_full() {
+        let t = Instant::now();
+        let mut l = Lanes::new(LaneSettings {
+            max_held_per_key: 1,
+            ..LaneSettings::default()
+        });
+        assert_eq!(l.admit(Some("full"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("full"), 2, t), Admit::Held);
+        assert_eq!(l.admit(Some("locked"), 3, t), Admit::Run(3));
+        let _ = l.finish(Some("locked"), LaneOutcome::LockFailure, t);
+        assert_eq!(l.admit(Some("free"), 4, t), Admit::Run(4));
+        assert_eq!(
+            l.blocked_keys(t),
+            vec!["full".to_owned(), "locked".to_owned()]
+        );
+        assert_eq!(
+            l.blocked_keys(t + Duration::from_secs(1)),
+            vec!["full".to_owned()]
+        );
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //!                      permanent ───────▶ dead-letter at once (never feeds the breaker)
 //!                      lock failure ────▶ park the key, release untried
 //!                      dependency ──────▶ breaker open now? release untried
-//!                                         attempts left?  retry later (full-jitter backoff)
+//!                                         attempts left, or the database
+//!                                         is the trouble?  retry later (full-jitter backoff)
 //!                                         else            dead-letter (exhausted)
 //! ```
 //!
@@ -198,7 +199,12 @@ impl Dispatcher {
                 continue;
             }
             let want = if gate.probe_only { 1 } else { free };
-            let deliveries = match self.queue.claim(want, self.settings.lease).await {
+            let skip = self.lanes.blocked_keys(Instant::now());
+            let deliveries = match self
+                .queue
+                .claim_skipping(want, self.settings.lease, &skip)
+                .await
+            {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed");
@@ -350,7 +356,9 @@ impl Dispatcher {
                     // fails cannot hold the fleet paused for ever.)
                     count("released");
                     self.release(receipt, Duration::ZERO);
-                } else if m.attempts + 1 >= self.settings.max_attempts {
+                } else if m.attempts + 1 >= self.settings.max_attempts
+                    && !self.controller.dependency_trouble()
+                {
                     count("dead_lettered");
                     tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
                         attempts = m.attempts + 1, "retries exhausted: dead-lettered");

@@ -193,13 +193,25 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+        self.claim_skipping(max, lease, &[]).await
+    }
+
+    async fn claim_skipping(
+        &self,
+        max: usize,
+        lease: Duration,
+        skip_keys: &[String],
+    ) -> Result<Vec<Delivery>, QueueError> {
         if max == 0 {
             return Ok(Vec::new());
         }
         let lease_ms = millis(lease);
+        let skip = (!skip_keys.is_empty())
+            .then(|| serde_json::to_string(skip_keys).unwrap_or_else(|_| "[]".to_owned()));
         self.call(|reply| Op::Claim {
             max,
             lease_ms,
+            skip,
             reply,
         })
         .await
@@ -329,6 +341,24 @@ mod tests {
             q.ack(&d.receipt).await,
             Err(QueueError::LeaseLost { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn claim_skipping_leaves_those_keys_queued() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        q.enqueue(msg("hot1", Some("1042"))).await.expect("enqueue");
+        q.enqueue(msg("cold", Some("7"))).await.expect("enqueue");
+        q.enqueue(msg("nokey", None)).await.expect("enqueue");
+        q.enqueue(msg("hot2", Some("1042"))).await.expect("enqueue");
+        let got = q
+            .claim_skipping(10, LEASE, &["1042".to_owned()])
+            .await
+            .expect("claim");
+        let ids: Vec<&str> = got.iter().map(|d| d.message.event_id.as_str()).collect();
+        assert_eq!(ids, vec!["cold", "nokey"]);
+        let rest = q.claim(10, LEASE).await.expect("claim");
+        assert_eq!(rest.len(), 2, "the skipped key's messages stayed queued");
     }
 
     #[tokio::test]

@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS messages (
     settled_at  INTEGER,
     UNIQUE (source, event_id)
 );
-CREATE INDEX IF NOT EXISTS messages_ready ON messages (visible_at, id) WHERE state = 0;
+DROP INDEX IF EXISTS messages_ready;
+CREATE INDEX IF NOT EXISTS messages_ready_keyed ON messages (visible_at, id, entity_key) WHERE state = 0;
 CREATE INDEX IF NOT EXISTS messages_settled ON messages (state, settled_at) WHERE state <> 0;
 CREATE TABLE IF NOT EXISTS counters (
     name  TEXT PRIMARY KEY,
@@ -118,20 +119,26 @@ pub(crate) fn enqueue(tx: &Transaction<'_>, m: &NewMessage) -> rusqlite::Result<
     Ok((id, false))
 }
 
-/// Claims up to `max` visible messages, leasing them until `now + lease_ms`.
+/// Claims up to `max` visible messages, leasing them until `now + lease_ms`,
+/// leaving those whose entity key is in `skip_keys_json` (a JSON array)
+/// queued. The ready index carries the entity key, so skipping a hot key's
+/// backlog reads index entries only.
 pub(crate) fn claim(
     tx: &Transaction<'_>,
     max: usize,
     now_ms: i64,
     lease_ms: i64,
     token: i64,
+    skip_keys_json: Option<&str>,
 ) -> rusqlite::Result<Vec<(i64, Message)>> {
     let mut select = tx.prepare_cached(
         "SELECT id, source, event_id, entity_key, headers, body, received_at, attempts, receives
          FROM messages WHERE state = 0 AND visible_at <= ?1
+           AND (?3 IS NULL OR entity_key IS NULL
+                OR entity_key NOT IN (SELECT value FROM json_each(?3)))
          ORDER BY visible_at, id LIMIT ?2",
     )?;
-    let rows = select.query_map(params![now_ms, max as i64], |r| {
+    let rows = select.query_map(params![now_ms, max as i64, skip_keys_json], |r| {
         let headers: String = r.get(4)?;
         let body: Option<Vec<u8>> = r.get(5)?;
         let id: i64 = r.get(0)?;

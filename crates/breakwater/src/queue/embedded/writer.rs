@@ -28,6 +28,8 @@ pub(crate) enum Op {
     Claim {
         max: usize,
         lease_ms: i64,
+        /// Entity keys to leave queued, as a JSON array.
+        skip: Option<String>,
         reply: Reply<Vec<Delivery>>,
     },
     Ack {
@@ -246,11 +248,14 @@ fn run_op(
         Op::Claim {
             max,
             lease_ms,
+            skip,
             reply,
         } => {
             let token: i64 = rand::random::<i64>() & i64::MAX;
-            let rows: Vec<(i64, Message)> =
-                attempt!(reply, store::claim(tx, max, now, lease_ms, token));
+            let rows: Vec<(i64, Message)> = attempt!(
+                reply,
+                store::claim(tx, max, now, lease_ms, token, skip.as_deref())
+            );
             let deliveries = rows
                 .into_iter()
                 .map(|(id, message)| Delivery {
