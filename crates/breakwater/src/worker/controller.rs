@@ -193,15 +193,18 @@ impl Controller {
     /// is not closed, or dependency failures are at least half of the
     /// tripping ratio. While it is, a message that keeps failing on the
     /// dependency is not dead-lettered for running out of attempts (the
-    /// fault is not the message's); it is retried later instead.
+    /// fault is not the message's); it is retried later instead. Never in
+    /// dry-run mode.
     pub fn dependency_trouble(&self) -> bool {
         let status = self.status();
-        status.state != State::Closed
-            || status
-                .signals
-                .iter()
-                .filter(|s| s.signal == SignalKind::FailureRatio)
-                .any(|s| s.tripping || s.value.is_some_and(|v| v >= s.threshold / 2.0))
+        // A dry-run breaker only reports; it changes nothing, this included.
+        !status.dry_run
+            && (status.state != State::Closed
+                || status
+                    .signals
+                    .iter()
+                    .filter(|s| s.signal == SignalKind::FailureRatio)
+                    .any(|s| s.tripping || s.value.is_some_and(|v| v >= s.threshold / 2.0)))
     }
 
     /// Half-open: takes a probe slot if one is free.
