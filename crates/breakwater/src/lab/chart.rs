@@ -80,6 +80,98 @@ fn state_color(state: &str) -> RGBColor {
     }
 }
 
+/// One line of a chart: its legend, colour and points.
+type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
+
+/// Draws lines over time in `area`, the fault window (if any) shaded, y
+/// from 0 to a little above the highest point.
+fn line_chart(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    t_max: f64,
+    fault: Option<(f64, f64)>,
+    lines: Vec<Line>,
+) -> anyhow::Result<()> {
+    let y = lines
+        .iter()
+        .flat_map(|(_, _, points)| points.iter().map(|p| p.1))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(8)
+        .x_label_area_size(25)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0.0..t_max, 0.0..y)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .draw()
+        .map_err(err)?;
+    if let Some((from, to)) = fault {
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(from, 0.0), (to, y)],
+                RGBColor(255, 225, 225).filled(),
+            )))
+            .map_err(err)?;
+    }
+    let labelled = lines.len() > 1;
+    for (label, color, points) in lines {
+        let series = chart
+            .draw_series(LineSeries::new(points, &color))
+            .map_err(err)?;
+        if labelled {
+            series
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+    }
+    if labelled {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The breaker's state as a colour band along the bottom, and its limit.
+fn breaker_chart(
+    area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    t_max: f64,
+    s: &[Sample],
+) -> anyhow::Result<()> {
+    let y = s.iter().map(|p| p.limit).max().unwrap_or(1) as f64 + 1.0;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 15))
+        .margin(8)
+        .x_label_area_size(25)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0.0..t_max, 0.0..y)
+        .map_err(err)?;
+    chart.configure_mesh().draw().map_err(err)?;
+    chart
+        .draw_series(s.windows(2).map(|w| {
+            Rectangle::new(
+                [(secs(&w[0]), 0.0), (secs(&w[1]), y * 0.15)],
+                state_color(w[0].state).filled(),
+            )
+        }))
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            s.iter().map(|p| (secs(p), f64::from(p.limit))),
+            &BLACK,
+        ))
+        .map_err(err)?;
+    Ok(())
+}
+
 /// Writes the page.
 pub fn write_png(report: &LabReport, path: &Path) -> anyhow::Result<()> {
     load_font()?;
@@ -90,11 +182,13 @@ pub fn write_png(report: &LabReport, path: &Path) -> anyhow::Result<()> {
         .flat_map(|m| m.series.last())
         .map(secs)
         .fold(1.0, f64::max);
-    let fault = (
-        report.params.fault_at as f64,
-        (report.params.fault_at + report.params.fault_secs) as f64,
-    );
-    let shade = RGBColor(255, 225, 225).filled();
+    // The poison scenario injects no fault: nothing to shade.
+    let fault = (report.scenario != super::Scenario::Poison).then(|| {
+        (
+            report.params.fault_at as f64,
+            (report.params.fault_at + report.params.fault_secs) as f64,
+        )
+    });
     let root = BitMapBackend::new(path, (700 * modes.len() as u32, 1400)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let cells = root.split_evenly((5, modes.len()));
@@ -102,152 +196,58 @@ pub fn write_png(report: &LabReport, path: &Path) -> anyhow::Result<()> {
         let cell = |row: usize| &cells[row * modes.len() + col];
         let title = |what: &str| format!("{}: {what}", mode.mode.as_str());
         let s = &mode.series;
-
-        // 1. applied per second
+        let over_time = |value: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
+            s.iter().map(|p| (secs(p), value(p) as f64)).collect()
+        };
         let r = rates(s);
-        let y = r.iter().map(|p| p.1.max(p.2)).fold(1.0, f64::max) * 1.1;
-        let mut chart = ChartBuilder::on(cell(0))
-            .caption(title("applied per second"), ("sans-serif", 18))
-            .margin(8)
-            .x_label_area_size(25)
-            .y_label_area_size(45)
-            .build_cartesian_2d(0.0..t_max, 0.0..y)
-            .map_err(err)?;
-        chart.configure_mesh().draw().map_err(err)?;
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(fault.0, 0.0), (fault.1, y)],
-                shade,
-            )))
-            .map_err(err)?;
-        chart
-            .draw_series(LineSeries::new(r.iter().map(|p| (p.0, p.2)), &BLUE))
-            .map_err(err)?
-            .label("unrelated orders")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLUE));
-        chart
-            .draw_series(LineSeries::new(r.iter().map(|p| (p.0, p.1)), &RED))
-            .map_err(err)?
-            .label("hot order 1042")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-
-        // 2. sessions
-        let y = s
-            .iter()
-            .map(|p| p.connections_active.max(p.lock_waiters))
-            .max()
-            .unwrap_or(0) as f64
-            + 2.0;
-        let mut chart = ChartBuilder::on(cell(1))
-            .caption(title("database sessions"), ("sans-serif", 18))
-            .margin(8)
-            .x_label_area_size(25)
-            .y_label_area_size(45)
-            .build_cartesian_2d(0.0..t_max, 0.0..y)
-            .map_err(err)?;
-        chart.configure_mesh().draw().map_err(err)?;
-        chart
-            .draw_series(std::iter::once(Rectangle::new(
-                [(fault.0, 0.0), (fault.1, y)],
-                shade,
-            )))
-            .map_err(err)?;
-        chart
-            .draw_series(LineSeries::new(
-                s.iter().map(|p| (secs(p), p.connections_active as f64)),
-                &BLUE,
-            ))
-            .map_err(err)?
-            .label("in use")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLUE));
-        chart
-            .draw_series(LineSeries::new(
-                s.iter().map(|p| (secs(p), p.lock_waiters as f64)),
-                &RED,
-            ))
-            .map_err(err)?
-            .label("waiting on a lock")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], RED));
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-
-        // 3. breaker band and limit
-        let y = s.iter().map(|p| p.limit).max().unwrap_or(1) as f64 + 1.0;
-        let mut chart = ChartBuilder::on(cell(2))
-            .caption(
-                title(if mode.mode == super::Mode::Naive {
-                    "shadow breaker, dry run: never gates (green closed, red open)"
-                } else {
-                    "breaker (green closed, yellow ramp, orange half-open, red open) and limit"
-                }),
-                ("sans-serif", 15),
-            )
-            .margin(8)
-            .x_label_area_size(25)
-            .y_label_area_size(45)
-            .build_cartesian_2d(0.0..t_max, 0.0..y)
-            .map_err(err)?;
-        chart.configure_mesh().draw().map_err(err)?;
-        chart
-            .draw_series(s.windows(2).map(|w| {
-                Rectangle::new(
-                    [(secs(&w[0]), 0.0), (secs(&w[1]), y * 0.15)],
-                    state_color(w[0].state).filled(),
-                )
-            }))
-            .map_err(err)?;
-        chart
-            .draw_series(LineSeries::new(
-                s.iter().map(|p| (secs(p), f64::from(p.limit))),
-                &BLACK,
-            ))
-            .map_err(err)?;
-
-        // 4. backlog, 5. dead-lettered
-        for (row, what, value) in [
-            (
-                3,
-                "queue backlog",
-                (|p: &Sample| p.backlog) as fn(&Sample) -> u64,
-            ),
-            (4, "dead-lettered", |p: &Sample| p.dead_lettered),
-        ] {
-            let y = s.iter().map(value).max().unwrap_or(0) as f64 * 1.1 + 1.0;
-            let mut chart = ChartBuilder::on(cell(row))
-                .caption(title(what), ("sans-serif", 18))
-                .margin(8)
-                .x_label_area_size(25)
-                .y_label_area_size(45)
-                .build_cartesian_2d(0.0..t_max, 0.0..y)
-                .map_err(err)?;
-            chart
-                .configure_mesh()
-                .x_desc("seconds")
-                .draw()
-                .map_err(err)?;
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(fault.0, 0.0), (fault.1, y)],
-                    shade,
-                )))
-                .map_err(err)?;
-            chart
-                .draw_series(LineSeries::new(
-                    s.iter().map(|p| (secs(p), value(p) as f64)),
-                    &BLUE,
-                ))
-                .map_err(err)?;
-        }
+        line_chart(
+            cell(0),
+            &title("applied per second"),
+            t_max,
+            fault,
+            vec![
+                (
+                    "unrelated orders",
+                    BLUE,
+                    r.iter().map(|p| (p.0, p.2)).collect(),
+                ),
+                (
+                    "hot order 1042",
+                    RED,
+                    r.iter().map(|p| (p.0, p.1)).collect(),
+                ),
+            ],
+        )?;
+        line_chart(
+            cell(1),
+            &title("database sessions"),
+            t_max,
+            fault,
+            vec![
+                ("in use", BLUE, over_time(|p| p.connections_active)),
+                ("waiting on a lock", RED, over_time(|p| p.lock_waiters)),
+            ],
+        )?;
+        let breaker = if mode.mode == super::Mode::Naive {
+            "shadow breaker, dry run: never gates (green closed, red open)"
+        } else {
+            "breaker (green closed, yellow ramp, orange half-open, red open) and limit"
+        };
+        breaker_chart(cell(2), &title(breaker), t_max, s)?;
+        line_chart(
+            cell(3),
+            &title("queue backlog"),
+            t_max,
+            fault,
+            vec![("backlog", BLUE, over_time(|p| p.backlog))],
+        )?;
+        line_chart(
+            cell(4),
+            &title("dead-lettered"),
+            t_max,
+            fault,
+            vec![("dead-lettered", BLUE, over_time(|p| p.dead_lettered))],
+        )?;
     }
     root.present().map_err(err)?;
     Ok(())
