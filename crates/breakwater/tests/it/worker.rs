@@ -47,6 +47,16 @@ params = {{ status = "json:/data/object/status" }}
     )
 }
 
+/// A scratch database with the orders table, and the binary serving it
+/// with `extra` config.
+async fn orders_server(extra: &str) -> (ScratchDb, Sandbox, Server, Http) {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let sandbox = Sandbox::new(&sink_config(&db, extra));
+    let server = sandbox.start();
+    (db, sandbox, server, Http::default())
+}
+
 /// Sends a Stripe event for `order` and expects 202.
 async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: &str) {
     let body = serde_json::to_vec(&serde_json::json!({
@@ -112,11 +122,7 @@ async fn lock_waiters(db: &ScratchDb) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_row_is_parked_while_unrelated_orders_flow() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
-    let sandbox = Sandbox::new(&sink_config(&db, ""));
-    let server = sandbox.start();
-    let http = Http::default();
+    let (db, _sandbox, server, http) = orders_server("").await;
 
     // Another session holds order 1042's row lock.
     let locker = crate::pg::connect(&db.name).await;
@@ -196,11 +202,7 @@ async fn hot_row_is_parked_while_unrelated_orders_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_goes_to_the_dlq_and_the_breaker_stays_closed() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
-    let sandbox = Sandbox::new(&sink_config(&db, ""));
-    let server = sandbox.start();
-    let http = Http::default();
+    let (db, sandbox, server, http) = orders_server("").await;
     for i in 0..40 {
         let (status, order) = if i % 2 == 0 {
             ("poison", 1 + i % 50)
@@ -250,8 +252,6 @@ async fn poison_goes_to_the_dlq_and_the_breaker_stays_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_outage_opens_the_breaker_and_loses_nothing() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
     let breaker = r#"
 [breaker]
 [breaker.cool_down]
@@ -264,9 +264,7 @@ successes_to_close = 1
 [breaker.failure_ratio]
 min_calls = 5
 "#;
-    let sandbox = Sandbox::new(&sink_config(&db, breaker));
-    let server = sandbox.start();
-    let http = Http::default();
+    let (db, _sandbox, server, http) = orders_server(breaker).await;
 
     // The database stops taking connections and loses the ones it had.
     let admin = crate::pg::connect("postgres").await;
@@ -328,11 +326,7 @@ min_calls = 5
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_delivery_is_applied_once() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
-    let sandbox = Sandbox::new(&sink_config(&db, ""));
-    let server = sandbox.start();
-    let http = Http::default();
+    let (db, _sandbox, server, http) = orders_server("").await;
     send(&http, &server, "evt_dup", 7, "paid").await;
     wait_for("applied", Duration::from_secs(10), async || {
         inbox_count(&db, "event_id = 'evt_dup'").await == 1
