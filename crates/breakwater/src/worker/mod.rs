@@ -29,11 +29,13 @@
 pub mod controller;
 pub mod lanes;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use breakwater_control::{BackoffPolicy, Outcome, OutcomeClass, ProbeTicket};
 use breakwater_sink::{Applied, Event, FailureClass, Sink, SinkError};
+use futures_util::FutureExt;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use tokio::sync::watch;
@@ -85,6 +87,38 @@ impl Job {
 struct Done {
     job: Job,
     result: Result<Applied, SinkError>,
+}
+
+/// [`apply_once`], turning a panic in the sink into a dependency failure,
+/// so the message is settled (retried), its lane slot freed and a probe
+/// answered, instead of all three waiting for the lease to run out.
+async fn apply_guarded(
+    sink: &dyn Sink,
+    controller: &Controller,
+    job: &Job,
+) -> Result<Applied, SinkError> {
+    match AssertUnwindSafe(apply_once(sink, controller, job))
+        .catch_unwind()
+        .await
+    {
+        Ok(result) => result,
+        Err(_) => {
+            let m = &job.delivery.message;
+            tracing::error!(source = %m.source, event_id = %m.event_id,
+                "the sink panicked while applying; the message will be retried");
+            controller.record(
+                Outcome {
+                    class: OutcomeClass::Dependency,
+                    latency: Duration::ZERO,
+                },
+                job.probe,
+            );
+            Err(SinkError::dependency(
+                "panic",
+                "the sink panicked while applying this message",
+            ))
+        }
+    }
 }
 
 /// Applies one message once and reports the outcome to the breaker.
@@ -278,7 +312,7 @@ impl Dispatcher {
             .then_some((self.settings.max_attempts, self.settings.backoff));
         self.running.spawn(async move {
             loop {
-                let result = apply_once(sink.as_ref(), &controller, &job).await;
+                let result = apply_guarded(sink.as_ref(), &controller, &job).await;
                 // The naive habit: retry here, holding the worker.
                 if let (Err(e), Some((max_attempts, backoff))) = (&result, &in_place) {
                     let m = &mut job.delivery.message;
@@ -484,5 +518,86 @@ impl Dispatcher {
         // Messages that lanes started while settling go back too.
         self.release_held(Duration::ZERO);
         while self.settling.join_next().await.is_some() {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::QueueConfig;
+    use crate::queue::NewMessage;
+    use crate::queue::embedded::EmbeddedQueue;
+    use breakwater_control::BreakerConfig;
+
+    /// A sink whose apply always panics (a bug in a sink, at the unit level).
+    struct PanickingSink;
+
+    #[async_trait::async_trait]
+    impl Sink for PanickingSink {
+        async fn apply(&self, _event: &Event<'_>) -> Result<Applied, SinkError> {
+            panic!("sink bug");
+        }
+        fn pool_usage(&self) -> (usize, usize) {
+            (0, 1)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_sink_does_not_leak_the_message_or_its_lane() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let queue = Arc::new(
+            EmbeddedQueue::open(&QueueConfig {
+                path: dir.path().to_owned(),
+                ..QueueConfig::default()
+            })
+            .expect("queue"),
+        );
+        for event_id in ["a", "b"] {
+            queue
+                .enqueue(NewMessage {
+                    source: "s".into(),
+                    event_id: event_id.into(),
+                    entity_key: Some("k".into()),
+                    headers: Vec::new(),
+                    body: bytes::Bytes::from_static(b"{}"),
+                    received_at_ms: crate::ingress::unix_now_ms(),
+                })
+                .await
+                .expect("enqueue");
+        }
+        let controller = Controller::new(BreakerConfig::default(), 2).expect("controller");
+        let settings = WorkerSettings {
+            max_concurrency: 2,
+            max_attempts: 100,
+            backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
+            lease: Duration::from_secs(60),
+            lanes: LaneSettings::default(),
+            retry_in_place: false,
+        };
+        let queue_dyn: Arc<dyn Queue> = queue.clone();
+        let workers = Workers::start(queue_dyn, Arc::new(PanickingSink), controller, settings);
+        // Both messages of the key keep being tried: the lane is freed after
+        // each panic and neither waits out its 60 s lease.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut attempts = 0;
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut all = queue
+                .claim(10, Duration::from_millis(1))
+                .await
+                .expect("claim");
+            attempts = all.iter().map(|d| d.message.attempts).min().unwrap_or(0);
+            for d in all.drain(..) {
+                let _ = queue.release(&d.receipt, Duration::ZERO).await;
+            }
+            if attempts >= 2 {
+                break;
+            }
+        }
+        workers.shutdown().await;
+        assert!(
+            attempts >= 2,
+            "both messages retried after panics, got {attempts}"
+        );
     }
 }
