@@ -350,3 +350,57 @@ async fn duplicate_delivery_is_applied_once() {
     drop(server);
     db.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_or_releases_in_flight_work_and_exits() {
+    let (db, sandbox, mut server, http) = orders_server("").await;
+    // Order 1042 is locked: its message sits in an apply, waiting on the lock.
+    let locker = crate::pg::connect(&db.name).await;
+    locker
+        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
+        .await
+        .expect("lock 1042");
+    send(&http, &server, "evt_term_hot", 1042, "paid").await;
+    for i in 0..5 {
+        send(&http, &server, &format!("evt_term_{i}"), 1 + i, "paid").await;
+    }
+    wait_for(
+        "the unrelated ones applied",
+        Duration::from_secs(10),
+        async || inbox_count(&db, "entity_key <> '1042'").await == 5,
+    )
+    .await;
+    let pid = server.child.id().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    // It exits on its own, cleanly, within the lock timeout plus the grace.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().expect("try_wait") {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 25 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(exit.success(), "exit status {exit}");
+    // The hot message was not lost: it is back in the queue, not stuck in
+    // flight under a lease nobody holds.
+    let store = rusqlite::Connection::open(sandbox.queue_db()).expect("store");
+    let (state, leased): (i64, bool) = store
+        .query_row(
+            "SELECT state, lease IS NOT NULL FROM messages WHERE event_id = 'evt_term_hot'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the hot message is still stored");
+    assert_eq!(state, 0, "pending, not dead-lettered");
+    assert!(!leased, "released, not left leased");
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    db.drop_db().await;
+}
