@@ -63,6 +63,7 @@ impl EmbeddedQueue {
         })?;
         let path = config.path.join(FILE_NAME);
         let writer_conn = store::open(&path).map_err(storage)?;
+        store::let_writer_restart_wal(&writer_conn).map_err(storage)?;
         let reader = store::open(&path).map_err(storage)?;
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
         let settings = WriterSettings {
@@ -462,6 +463,38 @@ mod tests {
         }
         let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
         assert_eq!(q.stats().await.expect("stats").visible, 50);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wal_stays_bounded_under_continuous_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        let body = bytes::Bytes::from(vec![b'x'; 2048]);
+        // 30,000 x 2 KiB: about 60 MB of frames if the WAL never restarted.
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..30_000 {
+            let (q, body) = (q.clone(), body.clone());
+            tasks.spawn(async move {
+                let mut m = msg(&format!("e{i}"), None);
+                m.body = body;
+                q.enqueue(m).await
+            });
+            if tasks.len() >= 64 {
+                tasks
+                    .join_next()
+                    .await
+                    .expect("task")
+                    .expect("join")
+                    .expect("enqueue");
+            }
+        }
+        while let Some(t) = tasks.join_next().await {
+            t.expect("join").expect("enqueue");
+        }
+        let wal = dir.path().join(format!("{FILE_NAME}-wal"));
+        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        assert!(size < 40 << 20, "the WAL grew to {} MB", size >> 20);
+        assert_eq!(q.stats().await.expect("stats").visible, 30_000);
     }
 
     #[tokio::test]

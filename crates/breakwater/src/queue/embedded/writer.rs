@@ -327,7 +327,7 @@ fn abandon(op: Op) -> Finish {
 }
 
 /// How often the WAL is copied into the main database file.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 
 /// Checkpoints the WAL from its own connection until the queue is dropped,
 /// then once more.
