@@ -63,7 +63,6 @@ impl EmbeddedQueue {
         })?;
         let path = config.path.join(FILE_NAME);
         let writer_conn = store::open(&path).map_err(storage)?;
-        store::let_writer_restart_wal(&writer_conn).map_err(storage)?;
         let reader = store::open(&path).map_err(storage)?;
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
         let settings = WriterSettings {

@@ -71,7 +71,7 @@ pub(crate) fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     // Checkpoints run from their own thread and connection (`checkpoint`);
-    // only the writer keeps a threshold of its own (`let_writer_restart_wal`).
+    // the writer finishes one when that thread asks (`writer::checkpoint_loop`).
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.pragma_update(None, "cache_size", -65536)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
@@ -79,20 +79,9 @@ pub(crate) fn open(path: &std::path::Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// Frames in the WAL past which the writer checkpoints on commit.
-const WRITER_CHECKPOINT_FRAMES: i64 = 4000;
-
-/// The writer's own checkpoint threshold. The checkpoint thread does the
-/// copying while the writer keeps appending, but a checkpoint that runs
-/// beside a writer never catches up with the last frames, and SQLite only
-/// rewinds the WAL after a checkpoint that did: without this the WAL grows
-/// for ever and every append pays for fresh file pages (measured: 17% of
-/// the process's CPU in the kernel zeroing pages). Run from the writer,
-/// the checkpoint finds little left to copy, completes, and the next
-/// commit starts the WAL over.
-pub(crate) fn let_writer_restart_wal(conn: &Connection) -> rusqlite::Result<()> {
-    conn.pragma_update(None, "wal_autocheckpoint", WRITER_CHECKPOINT_FRAMES)
-}
+/// Frames in the WAL (4 KiB each) past which the checkpoint thread asks
+/// the writer to finish a checkpoint, so the WAL can be rewound.
+pub(crate) const WAL_RESTART_FRAMES: i64 = if cfg!(test) { 1000 } else { 8192 };
 
 /// Copies the WAL into the main file as far as readers allow (PASSIVE:
 /// never blocks the writer). Returns the frames in the WAL and checkpointed.
