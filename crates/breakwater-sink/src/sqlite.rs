@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::Mutex;
 
 use crate::settings::SinkSettings;
-use crate::statement::{Compiled, ParamValue, parse_body};
+use crate::statement::{Bound, Compiled, ParamValue, bind};
 use crate::{Applied, Event, FailureClass, Sink, SinkError, SinkSetupError};
 
 const MIGRATION: &str = "\
@@ -184,15 +184,7 @@ struct Job {
 #[async_trait]
 impl Sink for SqliteSink {
     async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
-        let statements = self
-            .statements
-            .get(event.source)
-            .map_or(&[][..], Vec::as_slice);
-        let json = parse_body(event.body);
-        let values = statements
-            .iter()
-            .map(|s| s.values(event, json.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let Bound { json, values, .. } = bind(&self.statements, event)?;
         let payload = json
             .as_ref()
             .and_then(|_| std::str::from_utf8(event.body).ok())

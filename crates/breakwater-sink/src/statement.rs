@@ -109,6 +109,30 @@ impl CompiledStatement {
 /// The statements of every source, compiled.
 pub(crate) type Compiled = HashMap<String, Vec<CompiledStatement>>;
 
+/// An event's statements with every parameter's value bound, and the body
+/// parsed as JSON (if it is JSON). Done before a connection is taken, so a
+/// message that cannot be bound (poison) costs no database time.
+pub(crate) struct Bound<'s> {
+    pub(crate) statements: &'s [CompiledStatement],
+    pub(crate) json: Option<Value>,
+    pub(crate) values: Vec<Vec<ParamValue>>,
+}
+
+/// Binds the statements of `event.source` from `event`.
+pub(crate) fn bind<'s>(compiled: &'s Compiled, event: &Event<'_>) -> Result<Bound<'s>, SinkError> {
+    let statements = compiled.get(event.source).map_or(&[][..], Vec::as_slice);
+    let json = parse_body(event.body);
+    let values = statements
+        .iter()
+        .map(|s| s.values(event, json.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Bound {
+        statements,
+        json,
+        values,
+    })
+}
+
 /// Compiles every source's statements for `dialect`.
 pub(crate) fn compile_all(
     statements: &BTreeMap<String, Vec<StatementSpec>>,

@@ -206,7 +206,7 @@ pub async fn start(
     let mut workers = None;
     if role != Role::Ingress {
         let sink = breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
-        tracing::info!(sink = %redact_url(&config.sink.url), "sink ready");
+        tracing::info!(sink = %crate::config::redact_url(&config.sink.url), "sink ready");
         tasks.push(tokio::spawn(Arc::clone(&controller).run(
             Arc::clone(&queue),
             Arc::clone(&sink),
@@ -255,8 +255,4 @@ pub async fn start(
         stop,
         tasks,
     })
-}
-
-fn redact_url(url: &str) -> String {
-    crate::config::redact_url(url)
 }

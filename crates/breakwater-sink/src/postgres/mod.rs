@@ -32,7 +32,7 @@ use tokio_postgres::{Config, NoTls};
 
 use self::classify::{classify, classify_pool};
 use crate::settings::{SinkSettings, millis};
-use crate::statement::{Compiled, CompiledStatement, ParamValue, parse_body};
+use crate::statement::{Bound, Compiled, CompiledStatement, ParamValue, bind};
 use crate::{Applied, Event, LockSnapshot, Sink, SinkError, SinkSetupError};
 
 const MIGRATION: &str = "\
@@ -307,17 +307,11 @@ impl Drop for TxGuard {
 #[async_trait]
 impl Sink for PgSink {
     async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
-        let statements = self
-            .statements
-            .get(event.source)
-            .map_or(&[][..], Vec::as_slice);
-        // Everything the message alone decides is checked before a
-        // connection is taken: a poison message costs no database time.
-        let json = parse_body(event.body);
-        let values = statements
-            .iter()
-            .map(|s| s.values(event, json.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let Bound {
+            statements,
+            json,
+            values,
+        } = bind(&self.statements, event)?;
 
         let client = self.pool.get().await.map_err(classify_pool)?;
         let mut guard = TxGuard {

@@ -324,7 +324,7 @@ async fn run_mode_in(
         if t >= fault_start && !fault.started && args.scenario != Scenario::Poison {
             wall_fault.0 = wall_ms();
             applies_at_fault.0 = running.controller.applies();
-            fault.start(args, &proxy, direct, schema).await?;
+            fault.start(args, &proxy, schema).await?;
         }
         if t >= fault_end && fault.started && !fault.ended {
             wall_fault.1 = wall_ms();
@@ -482,7 +482,6 @@ impl FaultState {
         &mut self,
         args: &LabArgs,
         proxy: &FaultProxy,
-        _direct: &tokio_postgres::Client,
         schema: &str,
     ) -> anyhow::Result<()> {
         self.started = true;
