@@ -241,7 +241,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Ingress(args),
         } => {
-            let report = breakwater::bench::run_ingress_bench(&args)?;
+            // The service's own metrics say where phase 2's time went.
+            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .context("cannot install the metrics recorder")?;
+            let report = breakwater::bench::run_ingress_bench(&args, Some(metrics))?;
             print!("{report}");
             Ok(())
         }

@@ -12,6 +12,11 @@
 //!    phase 2 reached, to read the latency a deployment would see with
 //!    headroom.
 //!
+//! After phase 2 it reads the service's own metrics, so the figures say
+//! where the time went: the handler's mean time (verify, enqueue, wait for
+//! the fsync) against what the client saw, and the queue's group commits
+//! (how many, how large, how long each took including its fsync).
+//!
 //! The load generator keeps `concurrency` keep-alive HTTP/1.1 connections,
 //! each sending one request at a time (closed loop), and signs every
 //! request itself in every phase (so the client's work is the same in all
@@ -32,11 +37,13 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 pub use self::load::{LoadReport, LoadSpec};
 use crate::config::{Config, HmacAlgorithm, HmacEncoding, QueueConfig, SchemeName, SourceConfig};
 use crate::serve::{self, Role};
+use crate::telemetry;
 
 /// Options of `breakwater bench ingress`.
 #[derive(Debug, Clone, clap::Args)]
@@ -70,6 +77,58 @@ pub struct IngressBenchReport {
     pub bare: LoadReport,
     pub breakwater: LoadReport,
     pub half_rate: LoadReport,
+    /// The service's own view of phase 2 (with its warm-up), when a
+    /// metrics recorder was installed.
+    pub inside: Option<Inside>,
+}
+
+/// Means read from the service's metrics after phase 2.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Inside {
+    /// Accepted webhooks and the handler's mean time for them, in ms.
+    pub accepted: f64,
+    pub handler_ms: f64,
+    /// Group commits, operations per commit, and the mean commit time
+    /// (inserts, commit and fsync) in ms.
+    pub commits: f64,
+    pub ops_per_commit: f64,
+    pub commit_ms: f64,
+}
+
+impl Inside {
+    /// Reads the means from a Prometheus text rendering.
+    pub fn from_prometheus(text: &str) -> Option<Self> {
+        let (handler_sum, accepted) = sum_count(text, telemetry::INGRESS_SECONDS)?;
+        let (commit_sum, commits) = sum_count(text, telemetry::QUEUE_COMMIT_SECONDS)?;
+        let (ops, _) = sum_count(text, telemetry::QUEUE_COMMIT_BATCH)?;
+        let mean = |sum: f64, n: f64| if n > 0.0 { sum / n } else { 0.0 };
+        Some(Self {
+            accepted,
+            handler_ms: mean(handler_sum, accepted) * 1000.0,
+            commits,
+            ops_per_commit: mean(ops, commits),
+            commit_ms: mean(commit_sum, commits) * 1000.0,
+        })
+    }
+}
+
+/// The `_sum` and `_count` of a summary, added up over its label sets.
+fn sum_count(text: &str, name: &str) -> Option<(f64, f64)> {
+    let total = |suffix: &str| -> Option<f64> {
+        let metric = format!("{name}{suffix}");
+        let values: Vec<f64> = text
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(&metric)?;
+                if !(rest.starts_with(' ') || rest.starts_with('{')) {
+                    return None;
+                }
+                line.rsplit(' ').next()?.parse().ok()
+            })
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    };
+    Some((total("_sum")?, total("_count")?))
 }
 
 impl fmt::Display for IngressBenchReport {
@@ -106,7 +165,16 @@ impl fmt::Display for IngressBenchReport {
         } else {
             0.0
         };
-        writeln!(f, "ratio breakwater / bare hyper: {:.1}%", ratio * 100.0)
+        writeln!(f, "ratio breakwater / bare hyper: {:.1}%", ratio * 100.0)?;
+        if let Some(i) = &self.inside {
+            writeln!(
+                f,
+                "inside phase 2 (with warm-up): {:.0} accepted, handler mean {:.2} ms; \
+                 {:.0} group commits of {:.1} operations, {:.2} ms each (inserts + commit + fsync)",
+                i.accepted, i.handler_ms, i.commits, i.ops_per_commit, i.commit_ms
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -119,8 +187,13 @@ fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start a runtime")
 }
 
-/// Runs the three phases and returns their figures.
-pub fn run_ingress_bench(args: &IngressBenchArgs) -> anyhow::Result<IngressBenchReport> {
+/// Runs the three phases and returns their figures. With `metrics` (the
+/// handle of the installed recorder) the report also holds the service's
+/// own view of phase 2.
+pub fn run_ingress_bench(
+    args: &IngressBenchArgs,
+    metrics: Option<PrometheusHandle>,
+) -> anyhow::Result<IngressBenchReport> {
     let server_rt = runtime("bench-server")?;
     let client_rt = runtime("bench-client")?;
     let spec = |target: SocketAddr, path: &str, tag: &str, rate: Option<f64>| LoadSpec {
@@ -147,6 +220,7 @@ pub fn run_ingress_bench(args: &IngressBenchArgs) -> anyhow::Result<IngressBench
     let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
     let breakwater = client_rt.block_on(load::run(spec(addr, &path, "bw", None)))?;
+    let inside = metrics.and_then(|m| Inside::from_prometheus(&m.render()));
 
     eprintln!(
         "phase 3/3: breakwater at half of {:.0} req/s",
@@ -163,6 +237,7 @@ pub fn run_ingress_bench(args: &IngressBenchArgs) -> anyhow::Result<IngressBench
         bare,
         breakwater,
         half_rate,
+        inside,
     })
 }
 
@@ -216,4 +291,32 @@ async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
         }
     });
     Ok(addr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inside_figures_are_read_from_the_rendered_summaries() {
+        let text = "\
+# TYPE breakwater_ingress_request_seconds summary
+breakwater_ingress_request_seconds{source=\"stripe\",quantile=\"0.5\"} 0.004
+breakwater_ingress_request_seconds_sum{source=\"stripe\"} 30
+breakwater_ingress_request_seconds_count{source=\"stripe\"} 6000
+breakwater_ingress_request_seconds_sum{source=\"github\"} 10
+breakwater_ingress_request_seconds_count{source=\"github\"} 4000
+breakwater_queue_commit_seconds_sum 0.5
+breakwater_queue_commit_seconds_count 500
+breakwater_queue_commit_batch_size_sum 10000
+breakwater_queue_commit_batch_size_count 500
+";
+        let inside = Inside::from_prometheus(text).expect("parsed");
+        assert_eq!(inside.accepted, 10_000.0);
+        assert!((inside.handler_ms - 4.0).abs() < 1e-9);
+        assert_eq!(inside.commits, 500.0);
+        assert!((inside.ops_per_commit - 20.0).abs() < 1e-9);
+        assert!((inside.commit_ms - 1.0).abs() < 1e-9);
+        assert_eq!(Inside::from_prometheus("nothing here"), None);
+    }
 }
