@@ -13,6 +13,8 @@ pub const INGRESS_SECONDS: &str = "breakwater_ingress_request_seconds";
 pub const QUEUE_COMMIT_SECONDS: &str = "breakwater_queue_commit_seconds";
 /// Operations per group commit of the embedded queue.
 pub const QUEUE_COMMIT_BATCH: &str = "breakwater_queue_commit_batch_size";
+/// Event ids held by the embedded queue's in-memory dedup index.
+pub const QUEUE_DEDUP_ENTRIES: &str = "breakwater_queue_dedup_entries";
 /// Queue gauges, by `state` (visible, in_flight, delayed, dead_lettered).
 pub const QUEUE_MESSAGES: &str = "breakwater_queue_messages";
 /// Age of the oldest visible message, in seconds.

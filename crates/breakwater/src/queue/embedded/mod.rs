@@ -5,6 +5,8 @@
 //!   documented there).
 //! - [`writer`] is the one thread that mutates the store, committing
 //!   operations in groups so concurrent webhooks share an fsync.
+//! - [`dedup`] is the writer's in-memory index of the event ids the store
+//!   holds, which answers "duplicate" without a SQLite unique index.
 //! - [`EmbeddedQueue`] is the [`Queue`] implementation: mutations go to the
 //!   writer over a bounded channel (full: [`QueueError::Full`], which the
 //!   ingress turns into 503 + `Retry-After`), reads (stats, DLQ listing) use
@@ -12,8 +14,11 @@
 //!
 //! Several processes may open the same store: `breakwater queue stats` or
 //! `dlq replay` while `serve` runs. SQLite's locking keeps them consistent;
-//! a busy store waits up to 5 s.
+//! a busy store waits up to 5 s. Each process has its own dedup index, so
+//! only one of them should accept webhooks (two would not see each other's
+//! duplicates; the sink's inbox still applies each event once).
 
+pub(crate) mod dedup;
 pub(crate) mod store;
 pub(crate) mod writer;
 
@@ -65,9 +70,12 @@ impl EmbeddedQueue {
         let writer_conn = store::open(&path).map_err(storage)?;
         let reader = store::open(&path).map_err(storage)?;
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
+        let dedup = dedup::DedupIndex::load(&writer_conn).map_err(storage)?;
+        metrics::gauge!(crate::telemetry::QUEUE_DEDUP_ENTRIES).set(dedup.len() as f64);
         let settings = WriterSettings {
             max_batch: config.max_batch.max(1),
             dedup_window_ms: (config.dedup_window_secs as i64).saturating_mul(1000),
+            dedup,
         };
         std::thread::Builder::new()
             .name("queue-writer".into())
@@ -462,6 +470,74 @@ mod tests {
         }
         let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
         assert_eq!(q.stats().await.expect("stats").visible, 50);
+        // The dedup index is rebuilt from the store.
+        let again = q.enqueue(msg("e7", None)).await.expect("enqueue");
+        assert!(matches!(again, Enqueued::Duplicate { .. }), "{again:?}");
+        let new = q.enqueue(msg("e50", None)).await.expect("enqueue");
+        assert!(matches!(new, Enqueued::New { .. }), "{new:?}");
+    }
+
+    #[tokio::test]
+    async fn a_purged_or_forgotten_event_id_is_new_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&QueueConfig {
+            // No dedup window: an ack deletes the row at once.
+            dedup_window_secs: 0,
+            ..config(dir.path())
+        })
+        .expect("open");
+        q.enqueue(msg("acked", None)).await.expect("enqueue");
+        q.enqueue(msg("dead", None)).await.expect("enqueue");
+        for d in q.claim(10, LEASE).await.expect("claim") {
+            if d.message.event_id == "acked" {
+                q.ack(&d.receipt).await.expect("ack");
+            } else {
+                let reason = DeadLetterReason {
+                    class: "permanent".into(),
+                    error: "bad".into(),
+                };
+                q.dead_letter(&d.receipt, &reason).await.expect("dlq");
+            }
+        }
+        let dead = q.enqueue(msg("dead", None)).await.expect("enqueue");
+        assert!(
+            matches!(dead, Enqueued::Duplicate { .. }),
+            "in the DLQ: {dead:?}"
+        );
+        assert_eq!(q.purge(&[]).await.expect("purge"), 1);
+        for event in ["acked", "dead"] {
+            let again = q.enqueue(msg(event, None)).await.expect("enqueue");
+            assert!(matches!(again, Enqueued::New { .. }), "{event}: {again:?}");
+        }
+        assert_eq!(q.stats().await.expect("stats").visible, 2);
+    }
+
+    #[tokio::test]
+    async fn a_store_with_the_old_unique_constraint_still_deduplicates() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            // The table as stores created before the in-memory index have it.
+            let conn = rusqlite::Connection::open(dir.path().join(FILE_NAME)).expect("db");
+            conn.execute_batch(
+                "CREATE TABLE messages (
+                    id INTEGER PRIMARY KEY, source TEXT NOT NULL, event_id TEXT NOT NULL,
+                    entity_key TEXT, headers TEXT NOT NULL, body BLOB,
+                    received_at INTEGER NOT NULL, state INTEGER NOT NULL DEFAULT 0,
+                    visible_at INTEGER NOT NULL, lease INTEGER,
+                    attempts INTEGER NOT NULL DEFAULT 0, receives INTEGER NOT NULL DEFAULT 0,
+                    replays INTEGER NOT NULL DEFAULT 0, error_class TEXT, last_error TEXT,
+                    settled_at INTEGER, UNIQUE (source, event_id));
+                 INSERT INTO messages (source, event_id, headers, body, received_at, visible_at)
+                    VALUES ('s', 'old', '[]', x'00', 1, 1);",
+            )
+            .expect("old schema");
+        }
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        let old = q.enqueue(msg("old", None)).await.expect("enqueue");
+        assert!(matches!(old, Enqueued::Duplicate { .. }), "{old:?}");
+        let new = q.enqueue(msg("new", None)).await.expect("enqueue");
+        assert!(matches!(new, Enqueued::New { .. }), "{new:?}");
+        assert_eq!(q.stats().await.expect("stats").visible, 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

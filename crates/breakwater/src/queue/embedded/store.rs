@@ -8,7 +8,10 @@
 //! # Format
 //!
 //! One table, `messages`, one row per accepted webhook, keyed by an integer
-//! id and unique on `(source, event_id)`:
+//! id. `(source, event_id)` is kept unique by the writer's in-memory
+//! [`dedup`](super::dedup) index rather than by a SQLite index, whose
+//! random-key inserts cost most of the queue's writes (stores created before
+//! that still carry the UNIQUE constraint, which stays correct):
 //!
 //! | state | meaning | `visible_at` | `lease` |
 //! |---|---|---|---|
@@ -51,8 +54,7 @@ CREATE TABLE IF NOT EXISTS messages (
     replays     INTEGER NOT NULL DEFAULT 0,
     error_class TEXT,
     last_error  TEXT,
-    settled_at  INTEGER,
-    UNIQUE (source, event_id)
+    settled_at  INTEGER
 );
 DROP INDEX IF EXISTS messages_ready;
 CREATE INDEX IF NOT EXISTS messages_ready_keyed ON messages (visible_at, id, entity_key) WHERE state = 0;
@@ -91,14 +93,30 @@ pub(crate) fn checkpoint(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
     })
 }
 
-/// Inserts a message unless its event id is known; returns the row id and
-/// whether it was new.
+/// Whether message `id` is the event `(source, event_id)`: confirms a hit
+/// of the dedup index.
+pub(crate) fn holds(
+    tx: &Transaction<'_>,
+    id: i64,
+    source: &str,
+    event_id: &str,
+) -> rusqlite::Result<bool> {
+    tx.prepare_cached("SELECT source = ?2 AND event_id = ?3 FROM messages WHERE id = ?1")?
+        .query_row(params![id, source, event_id], |r| r.get(0))
+        .optional()
+        .map(|same| same.unwrap_or(false))
+}
+
+/// Inserts a message the dedup index found new; returns the row id and
+/// whether it was new. Only a store created with the old UNIQUE constraint
+/// can still refuse it (when the index missed a duplicate); then the known
+/// row's id is returned.
 pub(crate) fn enqueue(tx: &Transaction<'_>, m: &NewMessage) -> rusqlite::Result<(i64, bool)> {
     let headers = serde_json::to_string(&m.headers).unwrap_or_else(|_| "[]".to_owned());
     let mut insert = tx.prepare_cached(
         "INSERT INTO messages (source, event_id, entity_key, headers, body, received_at, visible_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
-         ON CONFLICT (source, event_id) DO NOTHING
+         ON CONFLICT DO NOTHING
          RETURNING id",
     )?;
     let new_id: Option<i64> = insert
@@ -179,19 +197,39 @@ pub(crate) fn ack(
     lease: i64,
     now_ms: i64,
     forget: bool,
-) -> rusqlite::Result<bool> {
-    let n = if forget {
-        tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND lease = ?2 AND state = 0")?
-            .execute(params![id, lease])?
-    } else {
-        tx.prepare_cached(
+) -> rusqlite::Result<Acked> {
+    if forget {
+        let gone = tx
+            .prepare_cached(
+                "DELETE FROM messages WHERE id = ?1 AND lease = ?2 AND state = 0
+                 RETURNING id, source, event_id",
+            )?
+            .query_row(params![id, lease], forgotten)
+            .optional()?;
+        return Ok(gone.map_or(Acked::LeaseLost, Acked::Deleted));
+    }
+    let n = tx
+        .prepare_cached(
             "UPDATE messages SET state = 1, body = NULL, headers = '[]', lease = NULL,
                  settled_at = ?3
              WHERE id = ?1 AND lease = ?2 AND state = 0",
         )?
-        .execute(params![id, lease, now_ms])?
-    };
-    Ok(n == 1)
+        .execute(params![id, lease, now_ms])?;
+    Ok(if n == 1 {
+        Acked::Kept
+    } else {
+        Acked::LeaseLost
+    })
+}
+
+/// What an ack did.
+pub(crate) enum Acked {
+    /// The receipt's lease was no longer the message's.
+    LeaseLost,
+    /// Marked applied, kept for the dedup window.
+    Kept,
+    /// Deleted at once (no dedup window).
+    Deleted(Forgotten),
 }
 
 /// Makes a claimed message visible again at `visible_at`; `counts` adds a
@@ -274,16 +312,30 @@ pub(crate) fn replay(
 }
 
 /// Deletes dead-lettered messages (all when `ids` is empty).
-pub(crate) fn purge(tx: &Transaction<'_>, ids: &[i64]) -> rusqlite::Result<usize> {
+pub(crate) fn purge(tx: &Transaction<'_>, ids: &[i64]) -> rusqlite::Result<Vec<Forgotten>> {
     if ids.is_empty() {
-        return tx.execute("DELETE FROM messages WHERE state = 2", []);
+        return tx
+            .prepare("DELETE FROM messages WHERE state = 2 RETURNING id, source, event_id")?
+            .query_map([], forgotten)?
+            .collect();
     }
-    let mut st = tx.prepare_cached("DELETE FROM messages WHERE id = ?1 AND state = 2")?;
-    let mut n = 0;
+    let mut st = tx.prepare_cached(
+        "DELETE FROM messages WHERE id = ?1 AND state = 2 RETURNING id, source, event_id",
+    )?;
+    let mut gone = Vec::new();
     for id in ids {
-        n += st.execute(params![id])?;
+        if let Some(row) = st.query_row(params![id], forgotten).optional()? {
+            gone.push(row);
+        }
     }
-    Ok(n)
+    Ok(gone)
+}
+
+/// A deleted message, for the dedup index to forget: id, source, event id.
+pub(crate) type Forgotten = (i64, String, String);
+
+fn forgotten(r: &rusqlite::Row<'_>) -> rusqlite::Result<Forgotten> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
 }
 
 /// Adds to a persistent counter.
@@ -300,12 +352,14 @@ pub(crate) fn prune_acked(
     tx: &Transaction<'_>,
     before_ms: i64,
     limit: usize,
-) -> rusqlite::Result<usize> {
-    tx.execute(
+) -> rusqlite::Result<Vec<Forgotten>> {
+    tx.prepare(
         "DELETE FROM messages WHERE id IN (
-             SELECT id FROM messages WHERE state = 1 AND settled_at < ?1 LIMIT ?2)",
-        params![before_ms, limit as i64],
-    )
+             SELECT id FROM messages WHERE state = 1 AND settled_at < ?1 LIMIT ?2)
+         RETURNING id, source, event_id",
+    )?
+    .query_map(params![before_ms, limit as i64], forgotten)?
+    .collect()
 }
 
 /// Counts for `queue stats`.

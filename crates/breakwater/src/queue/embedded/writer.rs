@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::dedup::{self, DedupIndex};
 use super::store;
 use crate::queue::{Delivery, Enqueued, Message, NewMessage, QueueError, Receipt};
 
@@ -89,6 +90,8 @@ pub(crate) struct WriterSettings {
     pub max_batch: usize,
     /// Keep acked rows this long for dedup; zero deletes them at once.
     pub dedup_window_ms: i64,
+    /// The event ids the store holds (see [`dedup`]).
+    pub dedup: DedupIndex,
 }
 
 /// Sends the outcome of one operation once the batch's fate is known.
@@ -132,6 +135,7 @@ fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
 /// Runs the writer until every sender is dropped.
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
     let forget = settings.dedup_window_ms == 0;
+    let mut dedup = settings.dedup;
     let mut last_prune = Instant::now();
     let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
@@ -161,7 +165,13 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
             }
         }
         if result.is_ok() {
-            result = run_batch(&mut conn, batch.drain(..), forget, &mut finishes);
+            result = run_batch(
+                &mut conn,
+                batch.drain(..),
+                forget,
+                &mut dedup,
+                &mut finishes,
+            );
         } else {
             finishes.extend(batch.drain(..).map(abandon));
         }
@@ -186,7 +196,7 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
         metrics::histogram!(crate::telemetry::QUEUE_COMMIT_BATCH).record(size as f64);
         if !forget && last_prune.elapsed() > Duration::from_secs(30) {
             last_prune = Instant::now();
-            prune(&mut conn, now_ms() - settings.dedup_window_ms);
+            prune(&mut conn, now_ms() - settings.dedup_window_ms, &mut dedup);
         }
     }
 }
@@ -198,6 +208,7 @@ fn run_batch(
     conn: &mut Connection,
     ops: impl Iterator<Item = Op>,
     forget: bool,
+    dedup: &mut DedupIndex,
     finishes: &mut Vec<Finish>,
 ) -> rusqlite::Result<()> {
     // IMMEDIATE: take the write lock up front (waiting out another
@@ -208,7 +219,7 @@ fn run_batch(
     let (mut acked, mut dead) = (0u64, 0u64);
     let mut ops = ops;
     while let Some(op) = ops.next() {
-        let step = run_op(&tx, op, now, forget, &mut acked, &mut dead);
+        let step = run_op(&tx, op, now, forget, dedup, &mut acked, &mut dead);
         match step {
             Ok(f) => finishes.push(f),
             Err((e, f)) => {
@@ -232,6 +243,7 @@ fn run_op(
     op: Op,
     now: i64,
     forget: bool,
+    dedup: &mut DedupIndex,
     acked: &mut u64,
     dead: &mut u64,
 ) -> Result<Finish, StepError> {
@@ -247,7 +259,18 @@ fn run_op(
     }
     Ok(match op {
         Op::Enqueue(m, reply) => {
-            let (id, new) = attempt!(reply, store::enqueue(tx, &m));
+            let key = dedup::key(&m.source, &m.event_id);
+            let known = match dedup.candidate(key) {
+                Some(id) => {
+                    attempt!(reply, store::holds(tx, id, &m.source, &m.event_id)).then_some(id)
+                }
+                None => None,
+            };
+            let (id, new) = match known {
+                Some(id) => (id, false),
+                None => attempt!(reply, store::enqueue(tx, &m)),
+            };
+            dedup.insert(key, id);
             let id = id.to_string();
             finish(
                 reply,
@@ -279,7 +302,14 @@ fn run_op(
             finish(reply, Ok(deliveries))
         }
         Op::Ack { id, lease, reply } => {
-            let ok = attempt!(reply, store::ack(tx, id, lease, now, forget));
+            let ok = match attempt!(reply, store::ack(tx, id, lease, now, forget)) {
+                store::Acked::LeaseLost => false,
+                store::Acked::Kept => true,
+                store::Acked::Deleted(gone) => {
+                    forget_all(dedup, [gone]);
+                    true
+                }
+            };
             *acked += u64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
@@ -320,7 +350,9 @@ fn run_op(
             finish(reply, Ok(done))
         }
         Op::Purge { ids, reply } => {
-            let n = attempt!(reply, store::purge(tx, &ids));
+            let gone = attempt!(reply, store::purge(tx, &ids));
+            let n = gone.len();
+            forget_all(dedup, gone);
             finish(reply, Ok(n))
         }
         // Taken out of the batch before it runs.
@@ -374,14 +406,28 @@ pub(crate) fn checkpoint_loop(conn: Connection, alive: mpsc::WeakSender<Op>) {
     }
 }
 
-fn prune(conn: &mut Connection, before_ms: i64) {
+fn prune(conn: &mut Connection, before_ms: i64, dedup: &mut DedupIndex) {
     let result = conn.transaction().and_then(|tx| {
-        let n = store::prune_acked(&tx, before_ms, 10_000)?;
-        tx.commit().map(|()| n)
+        let gone = store::prune_acked(&tx, before_ms, 10_000)?;
+        tx.commit().map(|()| gone)
     });
     match result {
-        Ok(0) => {}
-        Ok(n) => tracing::debug!(pruned = n, "forgot acked messages past the dedup window"),
+        Ok(gone) if gone.is_empty() => {}
+        Ok(gone) => {
+            let n = gone.len();
+            forget_all(dedup, gone);
+            tracing::debug!(pruned = n, "forgot acked messages past the dedup window");
+        }
         Err(e) => tracing::warn!(error = %e, "pruning acked messages failed"),
+    }
+    metrics::gauge!(crate::telemetry::QUEUE_DEDUP_ENTRIES).set(dedup.len() as f64);
+}
+
+/// Takes deleted messages out of the dedup index. (Done before the commit:
+/// should it fail, a later redelivery of one of them is queued again, which
+/// the sink's inbox absorbs.)
+fn forget_all(dedup: &mut DedupIndex, gone: impl IntoIterator<Item = store::Forgotten>) {
+    for (id, source, event_id) in gone {
+        dedup.remove(dedup::key(&source, &event_id), id);
     }
 }
