@@ -82,10 +82,14 @@ impl EmbeddedQueue {
             .spawn(move || writer::run(writer_conn, rx, settings))
             .map_err(storage)?;
         let checkpointer = store::open(&path).map_err(storage)?;
+        // Opened only to fsync it (see `checkpoint_loop`); SQLite's locks
+        // are on other descriptors and this one is never closed early.
+        let db_file = std::fs::File::open(&path)
+            .map_err(|e| QueueError::Storage(format!("cannot open {}: {e}", path.display())))?;
         let alive = tx.downgrade();
         std::thread::Builder::new()
             .name("queue-checkpoint".into())
-            .spawn(move || writer::checkpoint_loop(checkpointer, alive))
+            .spawn(move || writer::checkpoint_loop(checkpointer, db_file, alive))
             .map_err(storage)?;
         Ok(Self {
             ops: tx,
