@@ -17,7 +17,8 @@
 //!
 //! It holds every event id the store holds (queued, dead-lettered, and
 //! acked within the dedup window): about 20–40 bytes each. It is built from
-//! the store at open, and only the process that enqueues needs it.
+//! the store by the first enqueue, so processes that never enqueue (the
+//! CLI, `--role worker`) neither scan for it nor hold it.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -32,15 +33,46 @@ pub(crate) fn key(source: &str, event_id: &str) -> u64 {
     h.finish()
 }
 
-/// Event hashes to message ids.
+/// The index: empty until the first enqueue loads it.
 #[derive(Debug, Default)]
 pub(crate) struct DedupIndex {
-    ids: HashMap<u64, i64>,
+    loaded: Option<Loaded>,
 }
 
 impl DedupIndex {
-    /// Builds the index from every message in the store.
-    pub(crate) fn load(conn: &Connection) -> rusqlite::Result<Self> {
+    /// The index, built from every message in the store on first use.
+    pub(crate) fn loaded(&mut self, conn: &Connection) -> rusqlite::Result<&mut Loaded> {
+        if self.loaded.is_none() {
+            let index = Loaded::load(conn)?;
+            metrics::gauge!(crate::telemetry::QUEUE_DEDUP_ENTRIES).set(index.len() as f64);
+            self.loaded = Some(index);
+        }
+        Ok(self.loaded.get_or_insert_with(Loaded::default))
+    }
+
+    /// Forgets `id` under `key` (and nothing a later message put there).
+    /// Nothing to do before the index is loaded: loading reads the store as
+    /// it is then.
+    pub(crate) fn remove(&mut self, key: u64, id: i64) {
+        if let Some(loaded) = &mut self.loaded {
+            loaded.remove(key, id);
+        }
+    }
+
+    /// Entries held (0 before loading).
+    pub(crate) fn len(&self) -> usize {
+        self.loaded.as_ref().map_or(0, Loaded::len)
+    }
+}
+
+/// Event hashes to message ids.
+#[derive(Debug, Default)]
+pub(crate) struct Loaded {
+    ids: HashMap<u64, i64>,
+}
+
+impl Loaded {
+    fn load(conn: &Connection) -> rusqlite::Result<Self> {
         let mut st = conn.prepare("SELECT id, source, event_id FROM messages")?;
         let mut rows = st.query([])?;
         let mut index = Self::default();
@@ -62,14 +94,13 @@ impl DedupIndex {
         self.ids.insert(key, id);
     }
 
-    /// Forgets `id` under `key` (and nothing a later message put there).
-    pub(crate) fn remove(&mut self, key: u64, id: i64) {
+    fn remove(&mut self, key: u64, id: i64) {
         if self.ids.get(&key) == Some(&id) {
             self.ids.remove(&key);
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.ids.len()
     }
 }
@@ -88,15 +119,26 @@ mod tests {
     }
 
     #[test]
-    fn remove_leaves_a_newer_id_alone() {
+    fn loads_on_first_use_and_remove_leaves_a_newer_id_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = super::super::store::open(&dir.path().join("q.db")).expect("store");
+        conn.execute(
+            "INSERT INTO messages (id, source, event_id, headers, received_at, visible_at)
+             VALUES (7, 's', 'stored', '[]', 1, 1)",
+            [],
+        )
+        .expect("row");
         let mut index = DedupIndex::default();
+        assert_eq!(index.len(), 0, "nothing loaded before the first use");
+        let loaded = index.loaded(&conn).expect("load");
+        assert_eq!(loaded.candidate(key("s", "stored")), Some(7));
         let k = key("s", "e");
-        index.insert(k, 1);
-        index.insert(k, 2);
+        loaded.insert(k, 1);
+        loaded.insert(k, 2);
         index.remove(k, 1);
-        assert_eq!(index.candidate(k), Some(2));
+        assert_eq!(index.loaded(&conn).expect("loaded").candidate(k), Some(2));
         index.remove(k, 2);
-        assert_eq!(index.candidate(k), None);
-        assert_eq!(index.len(), 0);
+        assert_eq!(index.loaded(&conn).expect("loaded").candidate(k), None);
+        assert_eq!(index.len(), 1);
     }
 }

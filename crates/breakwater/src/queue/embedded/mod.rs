@@ -70,12 +70,9 @@ impl EmbeddedQueue {
         let writer_conn = store::open(&path).map_err(storage)?;
         let reader = store::open(&path).map_err(storage)?;
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
-        let dedup = dedup::DedupIndex::load(&writer_conn).map_err(storage)?;
-        metrics::gauge!(crate::telemetry::QUEUE_DEDUP_ENTRIES).set(dedup.len() as f64);
         let settings = WriterSettings {
             max_batch: config.max_batch.max(1),
             dedup_window_ms: (config.dedup_window_secs as i64).saturating_mul(1000),
-            dedup,
         };
         std::thread::Builder::new()
             .name("queue-writer".into())

@@ -90,8 +90,6 @@ pub(crate) struct WriterSettings {
     pub max_batch: usize,
     /// Keep acked rows this long for dedup; zero deletes them at once.
     pub dedup_window_ms: i64,
-    /// The event ids the store holds (see [`dedup`]).
-    pub dedup: DedupIndex,
 }
 
 /// Sends the outcome of one operation once the batch's fate is known.
@@ -135,7 +133,7 @@ fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
 /// Runs the writer until every sender is dropped.
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
     let forget = settings.dedup_window_ms == 0;
-    let mut dedup = settings.dedup;
+    let mut dedup = DedupIndex::default();
     let mut last_prune = Instant::now();
     let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
@@ -260,7 +258,8 @@ fn run_op(
     Ok(match op {
         Op::Enqueue(m, reply) => {
             let key = dedup::key(&m.source, &m.event_id);
-            let known = match dedup.candidate(key) {
+            let index = attempt!(reply, dedup.loaded(tx));
+            let known = match index.candidate(key) {
                 Some(id) => {
                     attempt!(reply, store::holds(tx, id, &m.source, &m.event_id)).then_some(id)
                 }
@@ -270,7 +269,7 @@ fn run_op(
                 Some(id) => (id, false),
                 None => attempt!(reply, store::enqueue(tx, &m)),
             };
-            dedup.insert(key, id);
+            index.insert(key, id);
             let id = id.to_string();
             finish(
                 reply,
