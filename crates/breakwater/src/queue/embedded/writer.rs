@@ -395,7 +395,7 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(50);
 /// and the enqueue fsyncs queued behind it on the same disk. This thread
 /// therefore `fdatasync`s `db_file` itself after every pass, so the pages
 /// reach the disk a few at a time (under `bench ingress`: half-peak p99 from
-/// 33–36 ms to 7–8 ms, slowest request from about 90 ms to under 20 ms).
+/// 33–36 ms to 7–9 ms, slowest request from about 90 ms to under 20 ms).
 pub(crate) fn checkpoint_loop(
     conn: Connection,
     db_file: std::fs::File,
