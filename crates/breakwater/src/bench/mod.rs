@@ -1,7 +1,7 @@
 //! `breakwater bench ingress`: the ingress against a bare hyper server, in
 //! one run, under the same loopback load.
 //!
-//! Three phases, each after a short warm-up:
+//! Four phases, each after a short warm-up:
 //!
 //! 1. **bare hyper**: a hyper server answering `200 ok` to every POST;
 //! 2. **breakwater**: the real ingress (Stripe signature verified, event id
@@ -10,7 +10,10 @@
 //!    data directory;
 //! 3. **breakwater at half its peak**: an open-loop load at half the rate
 //!    phase 2 reached, to read the latency a deployment would see with
-//!    headroom.
+//!    headroom;
+//! 4. **bare hyper at that rate**: the same open-loop load against phase
+//!    1's server, the floor of what client, loopback and scheduler add to
+//!    a latency at that rate (the control for phase 3).
 //!
 //! After phase 2 it reads the service's own metrics, so the figures say
 //! where the time went: the handler's mean time (verify, enqueue, wait for
@@ -70,13 +73,15 @@ pub struct IngressBenchArgs {
 pub const BENCH_SECRET: &str = "whsec_bench_secret_0123456789abcdef";
 const SOURCE: &str = "stripe";
 
-/// Results of the three phases.
+/// Results of the four phases.
 #[derive(Debug)]
 pub struct IngressBenchReport {
     pub args: IngressBenchArgs,
     pub bare: LoadReport,
     pub breakwater: LoadReport,
     pub half_rate: LoadReport,
+    /// Bare hyper under phase 3's open-loop load: the harness's floor.
+    pub bare_half_rate: LoadReport,
     /// The service's own view of phase 2 (with its warm-up), when a
     /// metrics recorder was installed.
     pub inside: Option<Inside>,
@@ -148,6 +153,7 @@ impl fmt::Display for IngressBenchReport {
             ("bare hyper (200 ok)", &self.bare),
             ("breakwater (verify+fsync)", &self.breakwater),
             ("breakwater at 1/2 peak", &self.half_rate),
+            ("bare hyper at that rate", &self.bare_half_rate),
         ] {
             writeln!(
                 f,
@@ -187,7 +193,7 @@ fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start a runtime")
 }
 
-/// Runs the three phases and returns their figures. With `metrics` (the
+/// Runs the four phases and returns their figures. With `metrics` (the
 /// handle of the installed recorder) the report also holds the service's
 /// own view of phase 2.
 pub fn run_ingress_bench(
@@ -208,11 +214,11 @@ pub fn run_ingress_bench(
         rate,
     };
 
-    eprintln!("phase 1/3: bare hyper");
+    eprintln!("phase 1/4: bare hyper");
     let bare_addr = server_rt.block_on(start_bare_hyper())?;
     let bare = client_rt.block_on(load::run(spec(bare_addr, "/", "bare", None)))?;
 
-    eprintln!("phase 2/3: breakwater ingress");
+    eprintln!("phase 2/4: breakwater ingress");
     let dir = args.data_dir.join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let config = bench_config(&dir);
@@ -223,20 +229,25 @@ pub fn run_ingress_bench(
     let inside = metrics.and_then(|m| Inside::from_prometheus(&m.render()));
 
     eprintln!(
-        "phase 3/3: breakwater at half of {:.0} req/s",
+        "phase 3/4: breakwater at half of {:.0} req/s",
         breakwater.rate()
     );
     let half = (breakwater.rate() / 2.0).max(1.0);
     let half_rate = client_rt.block_on(load::run(spec(addr, &path, "half", Some(half))))?;
 
     server_rt.block_on(running.shutdown());
-    drop(server_rt);
     let _ = std::fs::remove_dir_all(&dir);
+
+    eprintln!("phase 4/4: bare hyper at {half:.0} req/s");
+    let bare_half_rate =
+        client_rt.block_on(load::run(spec(bare_addr, "/", "bare-half", Some(half))))?;
+    drop(server_rt);
     Ok(IngressBenchReport {
         args: args.clone(),
         bare,
         breakwater,
         half_rate,
+        bare_half_rate,
         inside,
     })
 }
