@@ -29,6 +29,7 @@
 
 pub mod drain;
 pub mod load;
+pub mod threads;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -85,6 +86,36 @@ pub struct IngressBenchReport {
     /// The service's own view of phase 2 (with its warm-up), when a
     /// metrics recorder was installed.
     pub inside: Option<Inside>,
+    /// CPU time of the queue's threads during phase 2 (with its warm-up).
+    pub queue_cpu: Option<QueueCpu>,
+}
+
+/// Seconds on CPU of the embedded queue's threads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueCpu {
+    pub writer_secs: f64,
+    pub checkpoint_secs: f64,
+}
+
+impl QueueCpu {
+    const WRITER: &str = "queue-writer";
+    /// Thread names are cut at 15 bytes.
+    const CHECKPOINT: &str = "queue-checkpoin";
+
+    fn read() -> Option<Self> {
+        let secs = |prefix| threads::cpu_ns(prefix).map(|ns| ns as f64 / 1e9);
+        Some(Self {
+            writer_secs: secs(Self::WRITER)?,
+            checkpoint_secs: secs(Self::CHECKPOINT)?,
+        })
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            writer_secs: self.writer_secs - before.writer_secs,
+            checkpoint_secs: self.checkpoint_secs - before.checkpoint_secs,
+        }
+    }
 }
 
 /// Means read from the service's metrics after phase 2.
@@ -179,6 +210,15 @@ impl fmt::Display for IngressBenchReport {
                  {:.0} group commits of {:.1} operations, {:.2} ms each (inserts + commit + fsync)",
                 i.accepted, i.handler_ms, i.commits, i.ops_per_commit, i.commit_ms
             )?;
+            if let Some(cpu) = self.queue_cpu.filter(|_| i.accepted > 0.0) {
+                let per_webhook = |secs: f64| secs / i.accepted * 1e6;
+                writeln!(
+                    f,
+                    "queue threads on CPU per accepted webhook: writer {:.1} us, checkpoint {:.1} us",
+                    per_webhook(cpu.writer_secs),
+                    per_webhook(cpu.checkpoint_secs)
+                )?;
+            }
         }
         Ok(())
     }
@@ -225,8 +265,10 @@ pub fn run_ingress_bench(
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
     let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
+    let cpu_before = QueueCpu::read();
     let breakwater = client_rt.block_on(load::run(spec(addr, &path, "bw", None)))?;
     let inside = metrics.and_then(|m| Inside::from_prometheus(&m.render()));
+    let queue_cpu = cpu_before.and_then(|before| Some(QueueCpu::read()?.since(before)));
 
     eprintln!(
         "phase 3/4: breakwater at half of {:.0} req/s",
@@ -249,6 +291,7 @@ pub fn run_ingress_bench(
         half_rate,
         bare_half_rate,
         inside,
+        queue_cpu,
     })
 }
 
