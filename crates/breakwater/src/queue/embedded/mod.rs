@@ -29,7 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use self::writer::{Op, Reply, WriterSettings, now_ms};
+use self::writer::{Incoming, Op, Reply, WriterSettings, now_ms};
 use super::{
     DeadLetter, DeadLetterReason, Delivery, Enqueued, NewMessage, Queue, QueueError, QueueStats,
     Receipt,
@@ -191,7 +191,7 @@ impl Queue for EmbeddedQueue {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
         let (tx, rx) = oneshot::channel();
         self.ops
-            .try_send(Op::Enqueue(message, tx))
+            .try_send(Op::Enqueue(Box::new(Incoming::new(message)), tx))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => QueueError::Full {
                     pending: self.ops.max_capacity(),

@@ -23,9 +23,29 @@ use crate::queue::{Delivery, Enqueued, Message, NewMessage, QueueError, Receipt}
 /// The reply channel of an operation.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
 
+/// A message on its way to the writer, with the work that needs no store
+/// (its headers as JSON, its dedup key) already done on the caller's
+/// thread: the writer is the one thread every webhook waits for.
+pub(crate) struct Incoming {
+    pub message: NewMessage,
+    pub headers_json: String,
+    pub dedup_key: u64,
+}
+
+impl Incoming {
+    pub(crate) fn new(message: NewMessage) -> Self {
+        Self {
+            headers_json: serde_json::to_string(&message.headers)
+                .unwrap_or_else(|_| "[]".to_owned()),
+            dedup_key: dedup::key(&message.source, &message.event_id),
+            message,
+        }
+    }
+}
+
 /// A mutation for the writer thread.
 pub(crate) enum Op {
-    Enqueue(NewMessage, Reply<Enqueued>),
+    Enqueue(Box<Incoming>, Reply<Enqueued>),
     Claim {
         max: usize,
         lease_ms: i64,
@@ -256,8 +276,12 @@ fn run_op(
         };
     }
     Ok(match op {
-        Op::Enqueue(m, reply) => {
-            let key = dedup::key(&m.source, &m.event_id);
+        Op::Enqueue(incoming, reply) => {
+            let Incoming {
+                message: m,
+                headers_json,
+                dedup_key: key,
+            } = *incoming;
             let index = attempt!(reply, dedup.loaded(tx));
             let known = match index.candidate(key) {
                 Some(id) => {
@@ -267,7 +291,7 @@ fn run_op(
             };
             let (id, new) = match known {
                 Some(id) => (id, false),
-                None => attempt!(reply, store::enqueue(tx, &m)),
+                None => attempt!(reply, store::enqueue(tx, &m, &headers_json)),
             };
             index.insert(key, id);
             let id = id.to_string();
