@@ -90,10 +90,12 @@ pub struct IngressBenchReport {
     pub queue_cpu: Option<QueueCpu>,
 }
 
-/// Seconds on CPU of the embedded queue's threads.
+/// Seconds on CPU of the embedded queue's threads, and the writer's
+/// seconds runnable but waiting for a CPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QueueCpu {
     pub writer_secs: f64,
+    pub writer_waiting_secs: f64,
     pub checkpoint_secs: f64,
 }
 
@@ -103,16 +105,19 @@ impl QueueCpu {
     const CHECKPOINT: &str = "queue-checkpoin";
 
     fn read() -> Option<Self> {
-        let secs = |prefix| threads::cpu_ns(prefix).map(|ns| ns as f64 / 1e9);
+        let secs = |ns: u64| ns as f64 / 1e9;
+        let writer = threads::times(Self::WRITER)?;
         Some(Self {
-            writer_secs: secs(Self::WRITER)?,
-            checkpoint_secs: secs(Self::CHECKPOINT)?,
+            writer_secs: secs(writer.on_cpu_ns),
+            writer_waiting_secs: secs(writer.waiting_ns),
+            checkpoint_secs: secs(threads::times(Self::CHECKPOINT)?.on_cpu_ns),
         })
     }
 
     fn since(self, before: Self) -> Self {
         Self {
             writer_secs: self.writer_secs - before.writer_secs,
+            writer_waiting_secs: self.writer_waiting_secs - before.writer_waiting_secs,
             checkpoint_secs: self.checkpoint_secs - before.checkpoint_secs,
         }
     }
@@ -214,8 +219,10 @@ impl fmt::Display for IngressBenchReport {
                 let per_webhook = |secs: f64| secs / i.accepted * 1e6;
                 writeln!(
                     f,
-                    "queue threads on CPU per accepted webhook: writer {:.1} us, checkpoint {:.1} us",
+                    "queue threads per accepted webhook: writer {:.1} us on CPU and {:.1} us \
+                     waiting for one, checkpoint {:.1} us on CPU",
                     per_webhook(cpu.writer_secs),
+                    per_webhook(cpu.writer_waiting_secs),
                     per_webhook(cpu.checkpoint_secs)
                 )?;
             }
