@@ -182,8 +182,8 @@ impl fmt::Display for IngressBenchReport {
         )?;
         writeln!(
             f,
-            "{:<28} {:>10} {:>9} {:>9} {:>9} {:>8}",
-            "phase", "req/s", "p50 ms", "p99 ms", "max ms", "errors"
+            "{:<28} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
+            "phase", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"
         )?;
         for (name, r) in [
             ("bare hyper (200 ok)", &self.bare),
@@ -193,10 +193,11 @@ impl fmt::Display for IngressBenchReport {
         ] {
             writeln!(
                 f,
-                "{:<28} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>8}",
+                "{:<28} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}",
                 name,
                 r.rate(),
                 r.percentile_ms(50.0),
+                r.percentile_ms(90.0),
                 r.percentile_ms(99.0),
                 r.percentile_ms(100.0),
                 r.errors
