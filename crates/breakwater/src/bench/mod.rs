@@ -129,6 +129,9 @@ pub struct Inside {
     /// Accepted webhooks and the handler's mean time for them, in ms.
     pub accepted: f64,
     pub handler_ms: f64,
+    /// Mean time an enqueue waited for the writer to start its group
+    /// commit, in ms (0 when the metric is missing).
+    pub wait_ms: f64,
     /// Group commits, operations per commit, and the mean commit time
     /// (inserts, commit and fsync) in ms.
     pub commits: f64,
@@ -143,9 +146,12 @@ impl Inside {
         let (commit_sum, commits) = sum_count(text, telemetry::QUEUE_COMMIT_SECONDS)?;
         let (ops, _) = sum_count(text, telemetry::QUEUE_COMMIT_BATCH)?;
         let mean = |sum: f64, n: f64| if n > 0.0 { sum / n } else { 0.0 };
+        let (wait_sum, waits) =
+            sum_count(text, telemetry::QUEUE_ENQUEUE_WAIT_SECONDS).unwrap_or((0.0, 0.0));
         Some(Self {
             accepted,
             handler_ms: mean(handler_sum, accepted) * 1000.0,
+            wait_ms: mean(wait_sum, waits) * 1000.0,
             commits,
             ops_per_commit: mean(ops, commits),
             commit_ms: mean(commit_sum, commits) * 1000.0,
@@ -212,9 +218,18 @@ impl fmt::Display for IngressBenchReport {
         if let Some(i) = &self.inside {
             writeln!(
                 f,
-                "inside phase 2 (with warm-up): {:.0} accepted, handler mean {:.2} ms; \
-                 {:.0} group commits of {:.1} operations, {:.2} ms each (inserts + commit + fsync)",
-                i.accepted, i.handler_ms, i.commits, i.ops_per_commit, i.commit_ms
+                "inside phase 2 (with warm-up): {:.0} accepted; {:.0} group commits of {:.1} \
+                 operations, {:.2} ms each (inserts + commit + fsync)",
+                i.accepted, i.commits, i.ops_per_commit, i.commit_ms
+            )?;
+            writeln!(
+                f,
+                "handler mean {:.2} ms = waiting for the writer {:.2} + its group commit {:.2} \
+                 + the rest {:.2} (verify, parse, wake-ups)",
+                i.handler_ms,
+                i.wait_ms,
+                i.commit_ms,
+                i.handler_ms - i.wait_ms - i.commit_ms
             )?;
             if let Some(cpu) = self.queue_cpu.filter(|_| i.accepted > 0.0) {
                 let per_webhook = |secs: f64| secs / i.accepted * 1e6;
@@ -372,10 +387,13 @@ breakwater_queue_commit_seconds_sum 0.5
 breakwater_queue_commit_seconds_count 500
 breakwater_queue_commit_batch_size_sum 10000
 breakwater_queue_commit_batch_size_count 500
+breakwater_queue_enqueue_wait_seconds_sum 15
+breakwater_queue_enqueue_wait_seconds_count 10000
 ";
         let inside = Inside::from_prometheus(text).expect("parsed");
         assert_eq!(inside.accepted, 10_000.0);
         assert!((inside.handler_ms - 4.0).abs() < 1e-9);
+        assert!((inside.wait_ms - 1.5).abs() < 1e-9);
         assert_eq!(inside.commits, 500.0);
         assert!((inside.ops_per_commit - 20.0).abs() < 1e-9);
         assert!((inside.commit_ms - 1.0).abs() < 1e-9);

@@ -30,11 +30,14 @@ pub(crate) struct Incoming {
     pub message: NewMessage,
     pub headers_json: String,
     pub dedup_key: u64,
+    /// When it was handed to the writer (for the enqueue-wait metric).
+    pub queued_at: Instant,
 }
 
 impl Incoming {
     pub(crate) fn new(message: NewMessage) -> Self {
         Self {
+            queued_at: Instant::now(),
             headers_json: serde_json::to_string(&message.headers)
                 .unwrap_or_else(|_| "[]".to_owned()),
             dedup_key: dedup::key(&message.source, &message.event_id),
@@ -157,6 +160,7 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
     let mut last_prune = Instant::now();
     let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
+    let enqueue_wait = metrics::histogram!(crate::telemetry::QUEUE_ENQUEUE_WAIT_SECONDS);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         drain(&mut rx, &mut batch, settings.max_batch);
@@ -170,6 +174,11 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
         batch.retain(|op| !matches!(op, Op::FinishCheckpoint));
         let size = batch.len();
         let started = Instant::now();
+        for op in &batch {
+            if let Op::Enqueue(incoming, _) = op {
+                enqueue_wait.record(started.duration_since(incoming.queued_at).as_secs_f64());
+            }
+        }
         let durable = batch.iter().any(Op::needs_fsync);
         let mut finishes: Vec<Finish> = Vec::with_capacity(size);
         let mut result = Ok(());
@@ -281,6 +290,7 @@ fn run_op(
                 message: m,
                 headers_json,
                 dedup_key: key,
+                queued_at: _,
             } = *incoming;
             let index = attempt!(reply, dedup.loaded(tx));
             let known = match index.candidate(key) {
