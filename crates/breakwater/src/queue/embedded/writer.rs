@@ -160,7 +160,6 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
     let mut last_prune = Instant::now();
     let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
-    let enqueue_wait = metrics::histogram!(crate::telemetry::QUEUE_ENQUEUE_WAIT_SECONDS);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         drain(&mut rx, &mut batch, settings.max_batch);
@@ -174,6 +173,9 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
         batch.retain(|op| !matches!(op, Op::FinishCheckpoint));
         let size = batch.len();
         let started = Instant::now();
+        // Looked up per batch, like the other metrics here, so a recorder
+        // installed after the queue opened still sees it.
+        let enqueue_wait = metrics::histogram!(crate::telemetry::QUEUE_ENQUEUE_WAIT_SECONDS);
         for op in &batch {
             if let Op::Enqueue(incoming, _) = op {
                 enqueue_wait.record(started.duration_since(incoming.queued_at).as_secs_f64());
