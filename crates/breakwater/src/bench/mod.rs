@@ -16,16 +16,19 @@
 //!    a latency at that rate (the control for phase 3).
 //!
 //! After phase 2 it reads the service's own metrics, so the figures say
-//! where the time went: the handler's mean time (verify, enqueue, wait for
-//! the fsync) against what the client saw, and the queue's group commits
-//! (how many, how large, how long each took including its fsync).
+//! where the time went: the handler's mean time against what the client
+//! saw, split into waiting for the queue's writer, the group commit (how
+//! many, how large, how long each took including its fsync) and the rest;
+//! and, from `/proc` ([`threads`]), the queue threads' time on and waiting
+//! for a CPU per webhook.
 //!
 //! The load generator keeps `concurrency` keep-alive HTTP/1.1 connections,
-//! each sending one request at a time (closed loop), and signs every
-//! request itself in every phase (so the client's work is the same in all
-//! of them). Server and client run in separate tokio runtimes of two
-//! threads each on the same two cores: the figures are for comparison, not
-//! absolute capacity.
+//! each sending one request at a time (closed loop in phases 1 and 2; in 3
+//! and 4 at send times kept by a pacing thread), and signs every request
+//! itself in every phase (so the client's work is the same in all of them).
+//! Server and client run in separate tokio runtimes of two threads each on
+//! the same two cores: the figures are for comparison, not absolute
+//! capacity.
 
 pub mod drain;
 pub mod load;
