@@ -4,7 +4,9 @@
 //! entity key live. [`Source::compile`] resolves the secrets (inline, from an
 //! environment variable, from a file), builds the signature [`Verifier`] and
 //! parses the extractors once, so the ingress does no parsing of config per
-//! request.
+//! request. The [`pointer`] module reads the JSON pointers out of a body.
+
+mod pointer;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +14,10 @@ use std::time::Duration;
 
 use breakwater_verify::{Algorithm, Encoding, HmacScheme, Scheme, Verifier};
 use http::{HeaderMap, HeaderName};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+pub use self::pointer::Pointer;
 
 use crate::config::{HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig};
 
@@ -28,7 +33,7 @@ const KEPT_HEADERS: &[&str] = &[
 /// Where a value comes from: a JSON pointer into the body or a header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Extractor {
-    Json(String),
+    Json(Pointer),
     Header(HeaderName),
 }
 
@@ -36,12 +41,9 @@ impl Extractor {
     /// Parses `json:/pointer` or `header:Name`.
     pub fn parse(spec: &str) -> Result<Self, String> {
         if let Some(pointer) = spec.strip_prefix("json:") {
-            if !(pointer.is_empty() || pointer.starts_with('/')) {
-                return Err(format!(
-                    "\"{spec}\": a JSON pointer starts with '/', e.g. json:/data/object/id"
-                ));
-            }
-            Ok(Self::Json(pointer.to_owned()))
+            Pointer::parse(pointer).map(Self::Json).map_err(|_| {
+                format!("\"{spec}\": a JSON pointer starts with '/', e.g. json:/data/object/id")
+            })
         } else if let Some(name) = spec.strip_prefix("header:") {
             HeaderName::from_bytes(name.trim().as_bytes())
                 .map(Self::Header)
@@ -52,46 +54,17 @@ impl Extractor {
             ))
         }
     }
-
-    /// Extracts the value as text; `json` is the body parsed at most once.
-    pub fn extract(&self, headers: &HeaderMap, json: &mut LazyJson<'_>) -> Option<String> {
-        match self {
-            Self::Header(name) => headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            Self::Json(pointer) => json.get()?.pointer(pointer).and_then(json_to_text),
-        }
-    }
 }
 
 /// Renders a JSON value as a key: strings as they are, numbers and booleans
 /// as text, null as absent, anything else as compact JSON.
-pub fn json_to_text(v: &serde_json::Value) -> Option<String> {
+fn json_to_text(v: Value) -> Option<String> {
     match v {
-        serde_json::Value::Null => None,
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Number(n) => Some(n.to_string()),
-        serde_json::Value::Bool(b) => Some(b.to_string()),
+        Value::Null => None,
+        Value::String(s) => Some(s),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
         other => Some(other.to_string()),
-    }
-}
-
-/// A body parsed as JSON on first use, at most once.
-pub struct LazyJson<'a> {
-    body: &'a [u8],
-    parsed: Option<Option<serde_json::Value>>,
-}
-
-impl<'a> LazyJson<'a> {
-    pub fn new(body: &'a [u8]) -> Self {
-        Self { body, parsed: None }
-    }
-
-    pub fn get(&mut self) -> Option<&serde_json::Value> {
-        self.parsed
-            .get_or_insert_with(|| serde_json::from_slice(self.body).ok())
-            .as_ref()
     }
 }
 
@@ -187,7 +160,7 @@ impl Source {
         let event_id = match (&config.event_id, config.scheme) {
             (Some(spec), _) => Some(parse(spec)?),
             // Stripe puts the event id in the body.
-            (None, SchemeName::Stripe) => Some(Extractor::Json("/id".to_owned())),
+            (None, SchemeName::Stripe) => Some(parse("json:/id")?),
             (None, _) => default_id_header.map(|h| Extractor::Header(HeaderName::from_static(h))),
         };
         let entity_key = config.entity_key.as_deref().map(parse).transpose()?;
@@ -217,20 +190,34 @@ impl Source {
     /// Extracts the event id (falling back to a hash of the body) and the
     /// entity key. Never fails: a signed webhook is never refused because a
     /// field is missing; the sink decides what a malformed payload means.
+    /// The body is read at most once, and only if a JSON pointer asks.
     pub fn identify(&self, headers: &HeaderMap, body: &[u8]) -> Identity {
-        let mut json = LazyJson::new(body);
-        let event_id = self
-            .event_id
-            .as_ref()
-            .and_then(|e| e.extract(headers, &mut json))
-            .filter(|id| !id.is_empty())
-            .unwrap_or_else(|| body_hash_id(body));
-        let entity_key = self
-            .entity_key
-            .as_ref()
-            .and_then(|e| e.extract(headers, &mut json));
+        let extractors = [self.event_id.as_ref(), self.entity_key.as_ref()];
+        let pointers: Vec<&Pointer> = extractors
+            .iter()
+            .flatten()
+            .filter_map(|e| match e {
+                Extractor::Json(p) => Some(p),
+                Extractor::Header(_) => None,
+            })
+            .collect();
+        let mut from_body = if pointers.is_empty() {
+            Vec::new()
+        } else {
+            pointer::find(body, &pointers).unwrap_or_else(|| vec![None; pointers.len()])
+        }
+        .into_iter();
+        let [event_id, entity_key] = extractors.map(|e| match e? {
+            Extractor::Header(name) => headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            Extractor::Json(_) => from_body.next().flatten().and_then(json_to_text),
+        });
         Identity {
-            event_id,
+            event_id: event_id
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| body_hash_id(body)),
             entity_key,
         }
     }
@@ -355,7 +342,7 @@ mod tests {
     fn extractor_parsing() {
         assert_eq!(
             Extractor::parse("json:/a/b"),
-            Ok(Extractor::Json("/a/b".into()))
+            Ok(Extractor::Json(Pointer::parse("/a/b").expect("pointer")))
         );
         assert!(matches!(
             Extractor::parse("header:X-Id"),
