@@ -15,7 +15,15 @@
 //!    1's server, the floor of what client, loopback and scheduler add to
 //!    a latency at that rate (the control for phase 3).
 //!
-//! After phase 2 it reads the service's own metrics, so the figures say
+//! Phases 1 and 2 alternate for `--rounds` rounds, and the ratio reported
+//! is the median of the rounds' ratios; phase 3 runs at half the median of
+//! phase 2's rates. On a shared VM either side alone moves by a third from
+//! one minute to the next (bare hyper measured 36k to 60k req/s in five
+//! runs within half an hour): the two phases of one round run back to
+//! back, under the same neighbours, and the median keeps one lucky or
+//! unlucky round from deciding the figure.
+//!
+//! After the last round it reads the service's own metrics, so the figures say
 //! where the time went: the handler's mean time against what the client
 //! saw, split into waiting for the queue's writer, the group commit (how
 //! many, how large, how long each took including its fsync) and the rest;
@@ -58,6 +66,10 @@ pub struct IngressBenchArgs {
     /// Seconds of measured load per phase.
     #[arg(long, default_value_t = 10)]
     pub duration: u64,
+    /// Rounds of bare hyper then Breakwater at full load; the ratio is the
+    /// median of the rounds' ratios.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
     /// Seconds of unmeasured warm-up before each phase.
     #[arg(long, default_value_t = 2)]
     pub warmup: u64,
@@ -81,16 +93,53 @@ const SOURCE: &str = "stripe";
 #[derive(Debug)]
 pub struct IngressBenchReport {
     pub args: IngressBenchArgs,
-    pub bare: LoadReport,
-    pub breakwater: LoadReport,
+    /// Phases 1 and 2, one pair per round.
+    pub rounds: Vec<Round>,
     pub half_rate: LoadReport,
     /// Bare hyper under phase 3's open-loop load: the harness's floor.
     pub bare_half_rate: LoadReport,
-    /// The service's own view of phase 2 (with its warm-up), when a
+    /// The service's own view of phase 2 (all rounds, with warm-ups), when a
     /// metrics recorder was installed.
     pub inside: Option<Inside>,
-    /// CPU time of the queue's threads during phase 2 (with its warm-up).
+    /// CPU time of the queue's threads during phase 2 (all rounds, with warm-ups).
     pub queue_cpu: Option<QueueCpu>,
+}
+
+/// One round: bare hyper, then Breakwater, at full load.
+#[derive(Debug)]
+pub struct Round {
+    pub bare: LoadReport,
+    pub breakwater: LoadReport,
+}
+
+impl Round {
+    /// Breakwater's rate over bare hyper's.
+    pub fn ratio(&self) -> f64 {
+        if self.bare.rate() > 0.0 {
+            self.breakwater.rate() / self.bare.rate()
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count);
+/// 0 for none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+impl IngressBenchReport {
+    /// The median of the rounds' ratios.
+    pub fn ratio(&self) -> f64 {
+        median(self.rounds.iter().map(Round::ratio).collect())
+    }
 }
 
 /// Seconds on CPU of the embedded queue's threads, and the writer's
@@ -122,6 +171,14 @@ impl QueueCpu {
             writer_secs: self.writer_secs - before.writer_secs,
             writer_waiting_secs: self.writer_waiting_secs - before.writer_waiting_secs,
             checkpoint_secs: self.checkpoint_secs - before.checkpoint_secs,
+        }
+    }
+
+    fn plus(self, other: Self) -> Self {
+        Self {
+            writer_secs: self.writer_secs + other.writer_secs,
+            writer_waiting_secs: self.writer_waiting_secs + other.writer_waiting_secs,
+            checkpoint_secs: self.checkpoint_secs + other.checkpoint_secs,
         }
     }
 }
@@ -186,20 +243,24 @@ impl fmt::Display for IngressBenchReport {
         let a = &self.args;
         writeln!(
             f,
-            "ingress bench: {} connections, {} B bodies, {} s per phase (after {} s warm-up)",
-            a.concurrency, a.body_bytes, a.duration, a.warmup
+            "ingress bench: {} connections, {} B bodies, {} s per phase (after {} s warm-up), \
+             {} rounds of phases 1 and 2",
+            a.concurrency, a.body_bytes, a.duration, a.warmup, a.rounds
         )?;
         writeln!(
             f,
             "{:<28} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8}",
             "phase", "req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"
         )?;
-        for (name, r) in [
-            ("bare hyper (200 ok)", &self.bare),
-            ("breakwater (verify+fsync)", &self.breakwater),
-            ("breakwater at 1/2 peak", &self.half_rate),
-            ("bare hyper at that rate", &self.bare_half_rate),
-        ] {
+        let mut rows: Vec<(String, &LoadReport)> = Vec::new();
+        for (i, round) in self.rounds.iter().enumerate() {
+            let n = i + 1;
+            rows.push((format!("{n}: bare hyper (200 ok)"), &round.bare));
+            rows.push((format!("{n}: breakwater (verify+fsync)"), &round.breakwater));
+        }
+        rows.push(("breakwater at 1/2 peak".to_owned(), &self.half_rate));
+        rows.push(("bare hyper at that rate".to_owned(), &self.bare_half_rate));
+        for (name, r) in rows {
             writeln!(
                 f,
                 "{:<28} {:>10.0} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}",
@@ -212,16 +273,21 @@ impl fmt::Display for IngressBenchReport {
                 r.errors
             )?;
         }
-        let ratio = if self.bare.rate() > 0.0 {
-            self.breakwater.rate() / self.bare.rate()
-        } else {
-            0.0
-        };
-        writeln!(f, "ratio breakwater / bare hyper: {:.1}%", ratio * 100.0)?;
+        let per_round: Vec<String> = self
+            .rounds
+            .iter()
+            .map(|r| format!("{:.1}%", r.ratio() * 100.0))
+            .collect();
+        writeln!(
+            f,
+            "ratio breakwater / bare hyper: {:.1}% (median of rounds: {})",
+            self.ratio() * 100.0,
+            per_round.join(", ")
+        )?;
         if let Some(i) = &self.inside {
             writeln!(
                 f,
-                "inside phase 2 (with warm-up): {:.0} accepted; {:.0} group commits of {:.1} \
+                "inside phase 2 (all rounds, with warm-ups): {:.0} accepted; {:.0} group commits of {:.1} \
                  operations, {:.2} ms each (inserts + commit + fsync)",
                 i.accepted, i.commits, i.ops_per_commit, i.commit_ms
             )?;
@@ -280,27 +346,36 @@ pub fn run_ingress_bench(
         rate,
     };
 
-    eprintln!("phase 1/4: bare hyper");
     let bare_addr = server_rt.block_on(start_bare_hyper())?;
-    let bare = client_rt.block_on(load::run(spec(bare_addr, "/", "bare", None)))?;
-
-    eprintln!("phase 2/4: breakwater ingress");
     let dir = args.data_dir.join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let config = bench_config(&dir);
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
     let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
-    let cpu_before = QueueCpu::read();
-    let breakwater = client_rt.block_on(load::run(spec(addr, &path, "bw", None)))?;
+    let mut rounds = Vec::new();
+    // The queue threads' CPU while the queue is busy, so phase 1 (queue
+    // idle) is left out.
+    let mut queue_cpu: Option<QueueCpu> = QueueCpu::read().map(|zero| zero.since(zero));
+    for n in 1..=args.rounds {
+        eprintln!("round {n}/{}: phase 1/4: bare hyper", args.rounds);
+        let tag = format!("bare{n}");
+        let bare = client_rt.block_on(load::run(spec(bare_addr, "/", &tag, None)))?;
+        eprintln!("round {n}/{}: phase 2/4: breakwater ingress", args.rounds);
+        let before = QueueCpu::read();
+        let tag = format!("bw{n}");
+        let breakwater = client_rt.block_on(load::run(spec(addr, &path, &tag, None)))?;
+        queue_cpu = match (queue_cpu, before, QueueCpu::read()) {
+            (Some(sum), Some(before), Some(after)) => Some(sum.plus(after.since(before))),
+            _ => None,
+        };
+        rounds.push(Round { bare, breakwater });
+    }
     let inside = metrics.and_then(|m| Inside::from_prometheus(&m.render()));
-    let queue_cpu = cpu_before.and_then(|before| Some(QueueCpu::read()?.since(before)));
 
-    eprintln!(
-        "phase 3/4: breakwater at half of {:.0} req/s",
-        breakwater.rate()
-    );
-    let half = (breakwater.rate() / 2.0).max(1.0);
+    let peak = median(rounds.iter().map(|r| r.breakwater.rate()).collect());
+    eprintln!("phase 3/4: breakwater at half of {peak:.0} req/s");
+    let half = (peak / 2.0).max(1.0);
     let half_rate = client_rt.block_on(load::run(spec(addr, &path, "half", Some(half))))?;
 
     server_rt.block_on(running.shutdown());
@@ -312,8 +387,7 @@ pub fn run_ingress_bench(
     drop(server_rt);
     Ok(IngressBenchReport {
         args: args.clone(),
-        bare,
-        breakwater,
+        rounds,
         half_rate,
         bare_half_rate,
         inside,
@@ -376,6 +450,13 @@ async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_no_values() {
+        assert_eq!(median(vec![0.3, 0.5, 0.1]), 0.3);
+        assert_eq!(median(vec![0.4, 0.1, 0.2, 0.3]), 0.25);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
 
     #[test]
     fn inside_figures_are_read_from_the_rendered_summaries() {
