@@ -27,6 +27,20 @@
 //! again cannot ack or fail it.
 //!
 //! Totals that survive pruning live in `counters`.
+//!
+//! # Indexes are partial: repeat their condition
+//!
+//! Pending rows are found through `messages_ready_keyed` (`WHERE state =
+//! 0`), settled ones through `messages_settled` (`WHERE state <> 0`), so an
+//! enqueue touches one index and an ack moves a row from one to the other.
+//! SQLite uses a partial index only for a query whose WHERE clause holds the
+//! index's condition as written: it does not infer `state <> 0` from `state
+//! = 2`. So every query on settled rows says `state <> 0 AND state = ...`;
+//! without it, the periodic ones read the whole table: on a store of 500k
+//! pending messages (697 MB) the writer's prune (every 30 s) took 1,153 ms
+//! cold and 370 ms warm, stalling every enqueue behind it, and the DLQ count
+//! of every `stats` (each second, for the breaker) 381–453 ms; with the
+//! condition repeated, 0.01–0.08 ms. A test checks the plans.
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
@@ -65,6 +79,20 @@ CREATE TABLE IF NOT EXISTS counters (
 );
 INSERT OR IGNORE INTO counters (name, value) VALUES ('acked_total', 0), ('dead_total', 0);
 ";
+
+// The queries on settled rows (see "Indexes are partial" above).
+const REPLAY_CANDIDATES: &str = "SELECT id FROM messages WHERE state <> 0 AND state = 2
+    AND replays < ?1 ORDER BY settled_at, id LIMIT ?2";
+const PURGE_DEAD: &str =
+    "DELETE FROM messages WHERE state <> 0 AND state = 2 RETURNING id, source, event_id";
+const PRUNE_ACKED: &str = "DELETE FROM messages WHERE id IN (
+    SELECT id FROM messages WHERE state <> 0 AND state = 1 AND settled_at < ?1 LIMIT ?2)
+    RETURNING id, source, event_id";
+const COUNT_DEAD: &str = "SELECT COUNT(*) FROM messages WHERE state <> 0 AND state = 2";
+const DEAD_LETTERS: &str = "SELECT id, source, event_id, entity_key, attempts, replays,
+    error_class, last_error, received_at, settled_at, body
+    FROM messages WHERE state <> 0 AND state = 2 AND (?1 IS NULL OR id = ?1)
+    ORDER BY settled_at, id LIMIT ?2";
 
 /// Opens (creating if needed) the queue database with durable settings:
 /// WAL, and `synchronous = FULL` so every commit fsyncs the WAL.
@@ -294,9 +322,7 @@ pub(crate) fn replay(
     limit: usize,
 ) -> rusqlite::Result<Vec<i64>> {
     let candidates: Vec<i64> = if ids.is_empty() {
-        let mut st = tx.prepare_cached(
-            "SELECT id FROM messages WHERE state = 2 AND replays < ?1 ORDER BY settled_at, id LIMIT ?2",
-        )?;
+        let mut st = tx.prepare_cached(REPLAY_CANDIDATES)?;
         st.query_map(params![max_replays, limit as i64], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?
     } else {
@@ -319,10 +345,7 @@ pub(crate) fn replay(
 /// Deletes dead-lettered messages (all when `ids` is empty).
 pub(crate) fn purge(tx: &Transaction<'_>, ids: &[i64]) -> rusqlite::Result<Vec<Forgotten>> {
     if ids.is_empty() {
-        return tx
-            .prepare("DELETE FROM messages WHERE state = 2 RETURNING id, source, event_id")?
-            .query_map([], forgotten)?
-            .collect();
+        return tx.prepare(PURGE_DEAD)?.query_map([], forgotten)?.collect();
     }
     let mut st = tx.prepare_cached(
         "DELETE FROM messages WHERE id = ?1 AND state = 2 RETURNING id, source, event_id",
@@ -358,13 +381,9 @@ pub(crate) fn prune_acked(
     before_ms: i64,
     limit: usize,
 ) -> rusqlite::Result<Vec<Forgotten>> {
-    tx.prepare(
-        "DELETE FROM messages WHERE id IN (
-             SELECT id FROM messages WHERE state = 1 AND settled_at < ?1 LIMIT ?2)
-         RETURNING id, source, event_id",
-    )?
-    .query_map(params![before_ms, limit as i64], forgotten)?
-    .collect()
+    tx.prepare_cached(PRUNE_ACKED)?
+        .query_map(params![before_ms, limit as i64], forgotten)?
+        .collect()
 }
 
 /// Counts for `queue stats`.
@@ -382,7 +401,7 @@ pub(crate) fn stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<QueueSta
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })?;
     let dead: i64 = conn
-        .prepare_cached("SELECT COUNT(*) FROM messages WHERE state = 2")?
+        .prepare_cached(COUNT_DEAD)?
         .query_row([], |r| r.get(0))?;
     let counter = |name: &str| -> rusqlite::Result<i64> {
         conn.prepare_cached("SELECT value FROM counters WHERE name = ?1")?
@@ -405,11 +424,7 @@ pub(crate) fn dead_letters(
     limit: usize,
     with_body_of: Option<i64>,
 ) -> rusqlite::Result<Vec<DeadLetter>> {
-    let sql = "SELECT id, source, event_id, entity_key, attempts, replays, error_class, last_error,
-                      received_at, settled_at, body
-               FROM messages WHERE state = 2 AND (?1 IS NULL OR id = ?1)
-               ORDER BY settled_at, id LIMIT ?2";
-    let mut st = conn.prepare_cached(sql)?;
+    let mut st = conn.prepare_cached(DEAD_LETTERS)?;
     let rows = st.query_map(params![with_body_of, limit as i64], |r| {
         let body: Option<Vec<u8>> = r.get(10)?;
         Ok(DeadLetter {
@@ -435,3 +450,47 @@ const _: () = {
     // Keep the documented states in step with the SQL above.
     assert!(PENDING == 0 && ACKED == 1 && DEAD == 2);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The steps of `sql`'s query plan, as `EXPLAIN QUERY PLAN` words them.
+    fn plan(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut st = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("explain");
+        let nulls = std::iter::repeat_n(rusqlite::types::Null, st.parameter_count());
+        st.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))
+            .expect("plan")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plan rows")
+    }
+
+    #[test]
+    fn queries_on_settled_rows_use_the_settled_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = open(&dir.path().join("q.db")).expect("open");
+        for sql in [
+            REPLAY_CANDIDATES,
+            PURGE_DEAD,
+            PRUNE_ACKED,
+            COUNT_DEAD,
+            DEAD_LETTERS,
+        ] {
+            let steps = plan(&conn, sql);
+            assert!(
+                steps.iter().any(|s| s.contains("messages_settled")),
+                "{sql}: {steps:?}"
+            );
+            assert!(
+                !steps.iter().any(|s| s == "SCAN messages"),
+                "{sql} reads the whole table: {steps:?}"
+            );
+        }
+        // Without the index's own condition SQLite falls back to a scan:
+        // the reason the queries above repeat it.
+        let bare = plan(&conn, "SELECT COUNT(*) FROM messages WHERE state = 2");
+        assert!(bare.iter().any(|s| s == "SCAN messages"), "{bare:?}");
+    }
+}

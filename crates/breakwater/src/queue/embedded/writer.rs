@@ -157,7 +157,7 @@ fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
     let forget = settings.dedup_window_ms == 0;
     let mut dedup = DedupIndex::default();
-    let mut last_prune = Instant::now();
+    let mut next_prune = Instant::now() + PRUNE_EVERY;
     let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
     while let Some(first) = rx.blocking_recv() {
@@ -223,9 +223,9 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
         metrics::histogram!(crate::telemetry::QUEUE_COMMIT_SECONDS)
             .record(started.elapsed().as_secs_f64());
         metrics::histogram!(crate::telemetry::QUEUE_COMMIT_BATCH).record(size as f64);
-        if !forget && last_prune.elapsed() > Duration::from_secs(30) {
-            last_prune = Instant::now();
-            prune(&mut conn, now_ms() - settings.dedup_window_ms, &mut dedup);
+        if !forget && Instant::now() >= next_prune {
+            let pruned = prune(&mut conn, now_ms() - settings.dedup_window_ms, &mut dedup);
+            next_prune = Instant::now() + prune_after(pruned);
         }
     }
 }
@@ -463,21 +463,47 @@ pub(crate) fn checkpoint_loop(
     }
 }
 
-fn prune(conn: &mut Connection, before_ms: i64, dedup: &mut DedupIndex) {
+/// Acked messages past the dedup window are deleted this many at a time,
+/// between batches: enqueues wait for a prune, so it must stay short.
+const PRUNE_CHUNK: usize = 1000;
+/// How often to look for acked messages past the dedup window.
+const PRUNE_EVERY: Duration = Duration::from_secs(30);
+/// How soon to prune again after a full chunk: up to 10k deletions a
+/// second, so the store keeps up with any ack rate the writer can reach.
+const PRUNE_AGAIN: Duration = Duration::from_millis(100);
+
+/// When to prune next, after a prune that deleted `pruned` messages.
+fn prune_after(pruned: usize) -> Duration {
+    if pruned >= PRUNE_CHUNK {
+        PRUNE_AGAIN
+    } else {
+        PRUNE_EVERY
+    }
+}
+
+/// Deletes up to [`PRUNE_CHUNK`] acked messages settled before `before_ms`
+/// and forgets them in `dedup`; returns how many.
+fn prune(conn: &mut Connection, before_ms: i64, dedup: &mut DedupIndex) -> usize {
     let result = conn.transaction().and_then(|tx| {
-        let gone = store::prune_acked(&tx, before_ms, 10_000)?;
+        let gone = store::prune_acked(&tx, before_ms, PRUNE_CHUNK)?;
         tx.commit().map(|()| gone)
     });
-    match result {
-        Ok(gone) if gone.is_empty() => {}
+    let pruned = match result {
         Ok(gone) => {
             let n = gone.len();
             forget_all(dedup, gone);
-            tracing::debug!(pruned = n, "forgot acked messages past the dedup window");
+            if n > 0 {
+                tracing::debug!(pruned = n, "forgot acked messages past the dedup window");
+            }
+            n
         }
-        Err(e) => tracing::warn!(error = %e, "pruning acked messages failed"),
-    }
+        Err(e) => {
+            tracing::warn!(error = %e, "pruning acked messages failed");
+            0
+        }
+    };
     metrics::gauge!(crate::telemetry::QUEUE_DEDUP_ENTRIES).set(dedup.len() as f64);
+    pruned
 }
 
 /// Takes deleted messages out of the dedup index. (Done before the commit:
@@ -486,5 +512,51 @@ fn prune(conn: &mut Connection, before_ms: i64, dedup: &mut DedupIndex) {
 fn forget_all(dedup: &mut DedupIndex, gone: impl IntoIterator<Item = store::Forgotten>) {
     for (id, source, event_id) in gone {
         dedup.remove(dedup::key(&source, &event_id), id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_deletes_a_chunk_at_a_time_and_only_past_the_window() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut conn = store::open(&dir.path().join("q.db")).expect("store");
+        let old = PRUNE_CHUNK + 500;
+        // Acked long ago, acked recently, pending, dead.
+        conn.execute_batch(&format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {total})
+             INSERT INTO messages (id, source, event_id, headers, received_at, visible_at,
+                                   state, settled_at)
+             SELECT i, 's', 'e' || i, '[]', 1, 1,
+                    CASE WHEN i > {old} + 20 THEN i % 2 * 2 ELSE 1 END,
+                    CASE WHEN i <= {old} THEN 1000 WHEN i <= {old} + 20 THEN 9000 ELSE 2000 END
+             FROM n",
+            total = old + 40
+        ))
+        .expect("rows");
+        let mut dedup = DedupIndex::default();
+        let index = dedup.loaded(&conn).expect("index");
+        assert_eq!(index.candidate(dedup::key("s", "e1")), Some(1));
+
+        assert_eq!(prune(&mut conn, 5000, &mut dedup), PRUNE_CHUNK);
+        assert_eq!(prune_after(PRUNE_CHUNK), PRUNE_AGAIN);
+        assert_eq!(prune(&mut conn, 5000, &mut dedup), 500);
+        assert_eq!(prune_after(500), PRUNE_EVERY);
+        assert_eq!(prune(&mut conn, 5000, &mut dedup), 0);
+
+        let left: i64 = conn
+            .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(left, 40, "the recent acks, the pending and the dead stay");
+        let index = dedup.loaded(&conn).expect("index");
+        assert_eq!(index.candidate(dedup::key("s", "e1")), None);
+        assert_eq!(index.candidate(dedup::key("s", &format!("e{old}"))), None);
+        let recent = format!("e{}", old + 1);
+        assert_eq!(
+            index.candidate(dedup::key("s", &recent)),
+            Some(old as i64 + 1)
+        );
     }
 }
