@@ -371,6 +371,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn stats_count_each_state_and_age_the_oldest_visible() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        let received = |event: &str, ago_ms: i64| NewMessage {
+            received_at_ms: now_ms() - ago_ms,
+            ..msg(event, None)
+        };
+        // Oldest first, as ids are given out.
+        for (event, ago) in [("a", 90_000), ("b", 60_000), ("c", 30_000), ("d", 10_000)] {
+            q.enqueue(received(event, ago)).await.expect("enqueue");
+        }
+        let s = q.stats().await.expect("stats");
+        assert_eq!((s.visible, s.in_flight, s.delayed), (4, 0, 0));
+        assert!(
+            (90_000..100_000).contains(&s.oldest_visible_age_ms),
+            "{s:?}"
+        );
+
+        // "a" in flight, "b" delayed, "c" dead: the oldest visible is "d".
+        let a = q.claim(1, LEASE).await.expect("claim").remove(0);
+        let b = q.claim(1, LEASE).await.expect("claim").remove(0);
+        let c = q.claim(1, LEASE).await.expect("claim").remove(0);
+        q.retry_later(&b.receipt, Duration::from_secs(60), "later")
+            .await
+            .expect("retry");
+        let reason = DeadLetterReason {
+            class: "permanent".into(),
+            error: "bad payload".into(),
+        };
+        q.dead_letter(&c.receipt, &reason)
+            .await
+            .expect("dead-letter");
+        let s = q.stats().await.expect("stats");
+        assert_eq!((s.visible, s.in_flight, s.delayed), (1, 1, 1), "{s:?}");
+        assert_eq!((s.dead_lettered, s.dead_lettered_total), (1, 1));
+        assert!((10_000..20_000).contains(&s.oldest_visible_age_ms), "{s:?}");
+
+        q.ack(&a.receipt).await.expect("ack");
+        let d = q.claim(1, LEASE).await.expect("claim").remove(0);
+        let s = q.stats().await.expect("stats");
+        assert_eq!((s.visible, s.in_flight, s.acked_total), (0, 1, 1), "{s:?}");
+        assert_eq!(s.oldest_visible_age_ms, 0, "nothing visible");
+        assert_eq!(d.message.event_id, "d");
+    }
+
+    #[tokio::test]
     async fn retry_counts_attempts_release_does_not() {
         let dir = tempfile::tempdir().expect("tempdir");
         let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
