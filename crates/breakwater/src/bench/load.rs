@@ -32,6 +32,9 @@ pub struct LoadSpec {
     pub run_tag: String,
     /// Requests per second in total; `None` for as fast as possible.
     pub rate: Option<f64>,
+    /// Name prefixes of the threads whose CPU time to read over the
+    /// measured window (see [`LoadReport::cpu`]).
+    pub cpu_of: Vec<&'static str>,
 }
 
 /// What one run measured.
@@ -42,6 +45,20 @@ pub struct LoadReport {
     /// Non-2xx answers and transport errors.
     pub errors: u64,
     pub elapsed: Duration,
+    /// Nanoseconds on a CPU over the measured window of the threads named
+    /// by each of [`LoadSpec::cpu_of`], in that order (`None` where
+    /// `/proc` could not say).
+    pub cpu: Vec<Option<u64>>,
+}
+
+impl LoadReport {
+    /// Microseconds on a CPU per successful request of the threads named by
+    /// the `i`-th entry of [`LoadSpec::cpu_of`].
+    pub fn cpu_us_per_request(&self, i: usize) -> Option<f64> {
+        let ns = (*self.cpu.get(i)?)?;
+        let n = self.latencies_us.len();
+        (n > 0).then(|| ns as f64 / 1e3 / n as f64)
+    }
 }
 
 impl LoadReport {
@@ -91,6 +108,7 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
             .collect(),
         None => (0..spec.concurrency).map(|_| None).collect(),
     };
+    let cpu = watch_cpu(spec.cpu_of.clone(), measure_from, end)?;
     let mut tasks = Vec::with_capacity(spec.concurrency);
     for (worker, schedule) in schedules.drain(..).enumerate() {
         let spec = spec.clone();
@@ -106,7 +124,43 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     }
     report.elapsed = end.saturating_duration_since(measure_from);
     report.latencies_us.sort_unstable();
+    report.cpu = cpu.join().unwrap_or_default();
     Ok(report)
+}
+
+/// Reads the CPU time of the threads named by each prefix at `from` and at
+/// `to`, from a thread of its own (tokio's timer would add up to a
+/// millisecond of lateness), and gives the differences.
+fn watch_cpu(
+    prefixes: Vec<&'static str>,
+    from: Instant,
+    to: Instant,
+) -> anyhow::Result<std::thread::JoinHandle<Vec<Option<u64>>>> {
+    let read = move |prefixes: &[&str]| -> Vec<Option<u64>> {
+        prefixes
+            .iter()
+            .map(|p| super::threads::times(p).map(|t| t.on_cpu_ns))
+            .collect()
+    };
+    std::thread::Builder::new()
+        .name("bench-cpu-watch".into())
+        .spawn(move || {
+            let sleep_until = |at: Instant| {
+                if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            };
+            sleep_until(from);
+            let before = read(&prefixes);
+            sleep_until(to);
+            let after = read(&prefixes);
+            before
+                .into_iter()
+                .zip(after)
+                .map(|(b, a)| Some(a?.saturating_sub(b?)))
+                .collect()
+        })
+        .context("cannot start the CPU watch thread")
 }
 
 /// Send times of an open-loop load: `rate` per second from `start` until
@@ -228,4 +282,27 @@ async fn worker_loop(
         }
     }
     Ok((latencies, errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_per_request_divides_by_successful_requests() {
+        let report = LoadReport {
+            latencies_us: vec![100, 200, 300, 400],
+            errors: 3,
+            elapsed: Duration::from_secs(1),
+            cpu: vec![Some(8_000), None],
+        };
+        assert_eq!(report.cpu_us_per_request(0), Some(2.0));
+        assert_eq!(report.cpu_us_per_request(1), None, "unreadable");
+        assert_eq!(report.cpu_us_per_request(2), None, "not asked for");
+        let idle = LoadReport {
+            cpu: vec![Some(8_000)],
+            ..LoadReport::default()
+        };
+        assert_eq!(idle.cpu_us_per_request(0), None, "no requests");
+    }
 }
