@@ -113,6 +113,35 @@ fn spawn_server(
     })
 }
 
+/// How often the metrics recorder folds its pending histogram samples into
+/// their summaries.
+const METRICS_UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs the metrics recorder's upkeep until `stop`.
+///
+/// The Prometheus exporter spawns its upkeep task only when it runs its own
+/// HTTP listener (see "Upkeep and maintenance" in its docs); installed as a
+/// plain recorder, served here by the admin router, it keeps every
+/// histogram sample (an `f64`) until something renders `/metrics`. The
+/// ingress records two per webhook and the queue two per group commit, so a
+/// node that nobody scraped grew by about 16 bytes per webhook without
+/// bound, and the first scrape had all of it to fold.
+fn spawn_metrics_upkeep(
+    metrics: PrometheusHandle,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => metrics.run_upkeep(),
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+    })
+}
+
 /// The sink settings of a config.
 pub fn sink_settings(config: &Config) -> SinkSettings {
     let s = &config.sink;
@@ -232,6 +261,9 @@ pub async fn start(
             addr: config.admin.listen,
             error,
         })?;
+    if let Some(metrics) = &metrics {
+        tasks.push(spawn_metrics_upkeep(metrics.clone(), stop_rx.clone()));
+    }
     let admin = Admin {
         metrics,
         queue: Arc::clone(&queue),
