@@ -298,6 +298,28 @@ pub struct SourceConfig {
     pub statements: Vec<StatementConfig>,
 }
 
+impl SourceConfig {
+    /// A source as the file would give it with only `name`, `scheme` and
+    /// `secrets` set: every other key at its default.
+    pub fn new(name: impl Into<String>, scheme: SchemeName, secrets: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            scheme,
+            secrets,
+            secrets_env: None,
+            secrets_file: None,
+            tolerance_secs: None,
+            header: None,
+            algorithm: HmacAlgorithm::default(),
+            encoding: HmacEncoding::default(),
+            prefix: None,
+            event_id: None,
+            entity_key: None,
+            statements: Vec::new(),
+        }
+    }
+}
+
 /// `[[source.statement]]`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

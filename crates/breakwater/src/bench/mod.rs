@@ -63,7 +63,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 pub use self::load::{LoadReport, LoadSpec};
-use crate::config::{Config, HmacAlgorithm, HmacEncoding, QueueConfig, SchemeName, SourceConfig};
+use crate::config::{Config, QueueConfig, SchemeName, SourceConfig};
 use crate::serve::{self, Role};
 use crate::telemetry;
 
@@ -427,19 +427,9 @@ pub fn bench_config(dir: &std::path::Path) -> Config {
         ..QueueConfig::default()
     };
     config.sources.push(SourceConfig {
-        name: SOURCE.to_owned(),
-        scheme: SchemeName::Stripe,
-        secrets: vec![BENCH_SECRET.to_owned()],
-        secrets_env: None,
-        secrets_file: None,
-        tolerance_secs: None,
-        header: None,
-        algorithm: HmacAlgorithm::Sha256,
-        encoding: HmacEncoding::Hex,
-        prefix: None,
         event_id: Some("json:/id".to_owned()),
         entity_key: Some("json:/data/object/id".to_owned()),
-        statements: Vec::new(),
+        ..SourceConfig::new(SOURCE, SchemeName::Stripe, vec![BENCH_SECRET.to_owned()])
     });
     config
 }

@@ -284,19 +284,9 @@ mod tests {
 
     fn github(event_id: Option<&str>, entity: Option<&str>) -> SourceConfig {
         SourceConfig {
-            name: "gh".into(),
-            scheme: SchemeName::Github,
-            secrets: vec!["s3cret".into()],
-            secrets_env: None,
-            secrets_file: None,
-            tolerance_secs: None,
-            header: None,
-            algorithm: HmacAlgorithm::Sha256,
-            encoding: HmacEncoding::Hex,
-            prefix: None,
             event_id: event_id.map(str::to_owned),
             entity_key: entity.map(str::to_owned),
-            statements: vec![],
+            ..SourceConfig::new("gh", SchemeName::Github, vec!["s3cret".into()])
         }
     }
 
