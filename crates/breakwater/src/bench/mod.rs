@@ -156,7 +156,7 @@ impl IngressBenchReport {
 
 /// Seconds on CPU of the embedded queue's threads, and the writer's
 /// seconds runnable but waiting for a CPU.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QueueCpu {
     pub writer_secs: f64,
     pub writer_waiting_secs: f64,
@@ -377,7 +377,7 @@ pub fn run_ingress_bench(
     let mut rounds = Vec::new();
     // The queue threads' CPU while the queue is busy, so phase 1 (queue
     // idle) is left out.
-    let mut queue_cpu: Option<QueueCpu> = QueueCpu::read().map(|zero| zero.since(zero));
+    let mut queue_cpu: Option<QueueCpu> = QueueCpu::read().map(|_| QueueCpu::default());
     for n in 1..=args.rounds {
         eprintln!("round {n}/{}: phase 1/4: bare hyper", args.rounds);
         let tag = format!("bare{n}");

@@ -25,7 +25,6 @@ use serde_json::Value;
 /// A JSON pointer split into its reference tokens, unescaped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pointer {
-    text: String,
     tokens: Vec<String>,
 }
 
@@ -40,21 +39,7 @@ impl Pointer {
             None if text.is_empty() => Vec::new(),
             None => return Err(format!("\"{text}\": a JSON pointer starts with '/'")),
         };
-        Ok(Self {
-            text: text.to_owned(),
-            tokens,
-        })
-    }
-
-    /// The pointer as written.
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
-
-impl fmt::Display for Pointer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
+        Ok(Self { tokens })
     }
 }
 

@@ -469,7 +469,7 @@ const PRUNE_CHUNK: usize = 1000;
 /// How often to look for acked messages past the dedup window.
 const PRUNE_EVERY: Duration = Duration::from_secs(30);
 /// How soon to prune again after a full chunk: up to 10k deletions a
-/// second, so the store keeps up with any ack rate the writer can reach.
+/// second while acked messages are piling up past the window.
 const PRUNE_AGAIN: Duration = Duration::from_millis(100);
 
 /// When to prune next, after a prune that deleted `pruned` messages.
