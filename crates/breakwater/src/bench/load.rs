@@ -52,6 +52,20 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// Mean latency of the successful requests, in ms (0 for none).
+    pub fn mean_ms(&self) -> f64 {
+        let n = self.latencies_us.len();
+        if n == 0 {
+            return 0.0;
+        }
+        self.latencies_us
+            .iter()
+            .map(|&us| f64::from(us))
+            .sum::<f64>()
+            / n as f64
+            / 1000.0
+    }
+
     /// Microseconds on a CPU per successful request of the threads named by
     /// the `i`-th entry of [`LoadSpec::cpu_of`].
     pub fn cpu_us_per_request(&self, i: usize) -> Option<f64> {
@@ -304,5 +318,7 @@ mod tests {
             ..LoadReport::default()
         };
         assert_eq!(idle.cpu_us_per_request(0), None, "no requests");
+        assert_eq!(idle.mean_ms(), 0.0);
+        assert!((report.mean_ms() - 0.25).abs() < 1e-12);
     }
 }

@@ -35,7 +35,8 @@
 //! saw, split into waiting for the queue's writer, the group commit (how
 //! many, how large, how long each took including its fsync) and the rest;
 //! and, from `/proc` ([`threads`]), the queue threads' time on and waiting
-//! for a CPU per webhook.
+//! for a CPU per webhook. It reads them again after phase 3, for the same
+//! split at half the peak rate beside the mean latency the client saw.
 //!
 //! The load generator keeps `concurrency` keep-alive HTTP/1.1 connections,
 //! each sending one request at a time (closed loop in phases 1 and 2; in 3
@@ -113,6 +114,8 @@ pub struct IngressBenchReport {
     /// The service's own view of phase 2 (all rounds, with warm-ups), when a
     /// metrics recorder was installed.
     pub inside: Option<Inside>,
+    /// The same for phase 3 (with its warm-up).
+    pub inside_half: Option<Inside>,
     /// CPU time of the queue's threads during phase 2 (all rounds, with warm-ups).
     pub queue_cpu: Option<QueueCpu>,
 }
@@ -195,7 +198,40 @@ impl QueueCpu {
     }
 }
 
-/// Means read from the service's metrics after phase 2.
+/// Sums (in seconds) and counts of the service's summaries at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Totals {
+    pub handler_secs: f64,
+    pub accepted: f64,
+    pub wait_secs: f64,
+    pub waits: f64,
+    pub commit_secs: f64,
+    pub commits: f64,
+    pub ops: f64,
+}
+
+impl Totals {
+    /// Reads the totals from a Prometheus text rendering (the enqueue wait
+    /// counts as zero when missing).
+    pub fn from_prometheus(text: &str) -> Option<Self> {
+        let (handler_secs, accepted) = sum_count(text, telemetry::INGRESS_SECONDS)?;
+        let (commit_secs, commits) = sum_count(text, telemetry::QUEUE_COMMIT_SECONDS)?;
+        let (ops, _) = sum_count(text, telemetry::QUEUE_COMMIT_BATCH)?;
+        let (wait_secs, waits) =
+            sum_count(text, telemetry::QUEUE_ENQUEUE_WAIT_SECONDS).unwrap_or((0.0, 0.0));
+        Some(Self {
+            handler_secs,
+            accepted,
+            wait_secs,
+            waits,
+            commit_secs,
+            commits,
+            ops,
+        })
+    }
+}
+
+/// Means from the service's metrics over a stretch of the bench.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Inside {
     /// Accepted webhooks and the handler's mean time for them, in ms.
@@ -212,22 +248,32 @@ pub struct Inside {
 }
 
 impl Inside {
-    /// Reads the means from a Prometheus text rendering.
-    pub fn from_prometheus(text: &str) -> Option<Self> {
-        let (handler_sum, accepted) = sum_count(text, telemetry::INGRESS_SECONDS)?;
-        let (commit_sum, commits) = sum_count(text, telemetry::QUEUE_COMMIT_SECONDS)?;
-        let (ops, _) = sum_count(text, telemetry::QUEUE_COMMIT_BATCH)?;
+    /// The means of what happened between two readings.
+    pub fn between(before: Totals, after: Totals) -> Self {
         let mean = |sum: f64, n: f64| if n > 0.0 { sum / n } else { 0.0 };
-        let (wait_sum, waits) =
-            sum_count(text, telemetry::QUEUE_ENQUEUE_WAIT_SECONDS).unwrap_or((0.0, 0.0));
-        Some(Self {
+        let accepted = after.accepted - before.accepted;
+        let commits = after.commits - before.commits;
+        Self {
             accepted,
-            handler_ms: mean(handler_sum, accepted) * 1000.0,
-            wait_ms: mean(wait_sum, waits) * 1000.0,
+            handler_ms: mean(after.handler_secs - before.handler_secs, accepted) * 1000.0,
+            wait_ms: mean(
+                after.wait_secs - before.wait_secs,
+                after.waits - before.waits,
+            ) * 1000.0,
             commits,
-            ops_per_commit: mean(ops, commits),
-            commit_ms: mean(commit_sum, commits) * 1000.0,
-        })
+            ops_per_commit: mean(after.ops - before.ops, commits),
+            commit_ms: mean(after.commit_secs - before.commit_secs, commits) * 1000.0,
+        }
+    }
+
+    /// The means since the service started, from a Prometheus rendering.
+    pub fn from_prometheus(text: &str) -> Option<Self> {
+        Totals::from_prometheus(text).map(|t| Self::between(Totals::default(), t))
+    }
+
+    /// The handler's mean time outside the writer's wait and commit.
+    fn rest_ms(&self) -> f64 {
+        self.handler_ms - self.wait_ms - self.commit_ms
     }
 }
 
@@ -318,7 +364,7 @@ impl fmt::Display for IngressBenchReport {
                 i.handler_ms,
                 i.wait_ms,
                 i.commit_ms,
-                i.handler_ms - i.wait_ms - i.commit_ms
+                i.rest_ms()
             )?;
             if let Some(cpu) = self.queue_cpu.filter(|_| i.accepted > 0.0) {
                 let per_webhook = |secs: f64| secs / i.accepted * 1e6;
@@ -331,6 +377,18 @@ impl fmt::Display for IngressBenchReport {
                     per_webhook(cpu.checkpoint_secs)
                 )?;
             }
+        }
+        if let Some(i) = &self.inside_half {
+            writeln!(
+                f,
+                "inside phase 3 (with warm-up): handler mean {:.2} ms = waiting for the writer \
+                 {:.2} + its group commit {:.2} + the rest {:.2}; the client saw {:.2} ms mean",
+                i.handler_ms,
+                i.wait_ms,
+                i.commit_ms,
+                i.rest_ms(),
+                self.half_rate.mean_ms()
+            )?;
         }
         Ok(())
     }
@@ -392,12 +450,21 @@ pub fn run_ingress_bench(
         };
         rounds.push(Round { bare, breakwater });
     }
-    let inside = metrics.and_then(|m| Inside::from_prometheus(&m.render()));
+    let totals = || {
+        metrics
+            .as_ref()
+            .and_then(|m| Totals::from_prometheus(&m.render()))
+    };
+    let after_rounds = totals();
+    let inside = after_rounds.map(|t| Inside::between(Totals::default(), t));
 
     let peak = median(rounds.iter().map(|r| r.breakwater.rate()).collect());
     eprintln!("phase 3/4: breakwater at half of {peak:.0} req/s");
     let half = (peak / 2.0).max(1.0);
     let half_rate = client_rt.block_on(load::run(spec(addr, &path, "half", Some(half))))?;
+    let inside_half = after_rounds
+        .zip(totals())
+        .map(|(before, after)| Inside::between(before, after));
 
     server_rt.block_on(running.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
@@ -412,6 +479,7 @@ pub fn run_ingress_bench(
         half_rate,
         bare_half_rate,
         inside,
+        inside_half,
         queue_cpu,
     })
 }
@@ -493,5 +561,23 @@ breakwater_queue_enqueue_wait_seconds_count 10000
         assert!((inside.ops_per_commit - 20.0).abs() < 1e-9);
         assert!((inside.commit_ms - 1.0).abs() < 1e-9);
         assert_eq!(Inside::from_prometheus("nothing here"), None);
+
+        let before = Totals::from_prometheus(text).expect("parsed");
+        let after = Totals {
+            handler_secs: before.handler_secs + 2.0,
+            accepted: before.accepted + 1000.0,
+            wait_secs: before.wait_secs + 0.5,
+            waits: before.waits + 1000.0,
+            commit_secs: before.commit_secs + 0.1,
+            commits: before.commits + 100.0,
+            ops: before.ops + 1000.0,
+        };
+        let phase = Inside::between(before, after);
+        assert_eq!(phase.accepted, 1000.0);
+        assert!((phase.handler_ms - 2.0).abs() < 1e-9);
+        assert!((phase.wait_ms - 0.5).abs() < 1e-9);
+        assert!((phase.commit_ms - 1.0).abs() < 1e-9);
+        assert!((phase.ops_per_commit - 10.0).abs() < 1e-9);
+        assert!((phase.rest_ms() - 0.5).abs() < 1e-9);
     }
 }
