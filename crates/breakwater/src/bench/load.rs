@@ -159,11 +159,6 @@ fn watch_cpu(
     std::thread::Builder::new()
         .name("bench-cpu-watch".into())
         .spawn(move || {
-            let sleep_until = |at: Instant| {
-                if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-            };
             sleep_until(from);
             let before = read(&prefixes);
             sleep_until(to);
@@ -203,9 +198,7 @@ fn pace(
                 if at >= end {
                     break;
                 }
-                if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
+                sleep_until(at);
                 if to.send(at).is_err() {
                     break;
                 }
@@ -214,6 +207,13 @@ fn pace(
         })
         .context("cannot start the pacing thread")?;
     Ok(receivers)
+}
+
+/// Blocks the calling thread until `at` (at once if it has passed).
+fn sleep_until(at: Instant) {
+    if let Some(wait) = at.checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
 }
 
 async fn connect(
