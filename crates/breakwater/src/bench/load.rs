@@ -37,11 +37,70 @@ pub struct LoadSpec {
     pub cpu_of: Vec<&'static str>,
 }
 
+/// A request counts as late past this: the p99 target at half the
+/// peak rate.
+pub const LATE: Duration = Duration::from_millis(5);
+
+/// A successful request slower than [`LATE`]: when it was due (since the
+/// measured window began) and how long it took, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Late {
+    pub due_us: u64,
+    pub latency_us: u32,
+}
+
+impl Late {
+    fn done_us(self) -> u64 {
+        self.due_us + u64::from(self.latency_us)
+    }
+}
+
+/// Late requests that overlap in time, or follow each other within the
+/// gap [`episodes`] was given: one stall, or one slow stretch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Episode {
+    /// When its first request was due, since the measured window began.
+    pub from_us: u64,
+    /// When its last request was answered.
+    pub to_us: u64,
+    pub requests: usize,
+    pub worst_us: u32,
+}
+
+/// Groups late requests into episodes, largest (most requests) first.
+/// Tells a p99 made by a few stalls, where every connection waits at
+/// once, from one made by slowness spread over the run.
+pub fn episodes(late: &[Late], gap: Duration) -> Vec<Episode> {
+    let gap_us = u64::try_from(gap.as_micros()).unwrap_or(u64::MAX);
+    let mut sorted = late.to_vec();
+    sorted.sort_unstable_by_key(|l| l.due_us);
+    let mut out: Vec<Episode> = Vec::new();
+    for l in sorted {
+        match out.last_mut() {
+            Some(e) if l.due_us <= e.to_us.saturating_add(gap_us) => {
+                e.to_us = e.to_us.max(l.done_us());
+                e.requests += 1;
+                e.worst_us = e.worst_us.max(l.latency_us);
+            }
+            _ => out.push(Episode {
+                from_us: l.due_us,
+                to_us: l.done_us(),
+                requests: 1,
+                worst_us: l.latency_us,
+            }),
+        }
+    }
+    out.sort_by(|a, b| b.requests.cmp(&a.requests).then(a.from_us.cmp(&b.from_us)));
+    out
+}
+
 /// What one run measured.
 #[derive(Debug, Default, Clone)]
 pub struct LoadReport {
     /// Latencies of successful (2xx) requests, in microseconds, sorted.
     pub latencies_us: Vec<u32>,
+    /// The successful requests slower than [`LATE`], in no order.
+    pub late: Vec<Late>,
     /// Non-2xx answers and transport errors.
     pub errors: u64,
     pub elapsed: Duration,
@@ -132,9 +191,10 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     }
     let mut report = LoadReport::default();
     for t in tasks {
-        let (lat, errors) = t.await.context("load task panicked")??;
-        report.latencies_us.extend(lat);
-        report.errors += errors;
+        let outcome = t.await.context("load task panicked")??;
+        report.latencies_us.extend(outcome.latencies_us);
+        report.late.extend(outcome.late);
+        report.errors += outcome.errors;
     }
     report.elapsed = end.saturating_duration_since(measure_from);
     report.latencies_us.sort_unstable();
@@ -230,19 +290,26 @@ async fn connect(
     Ok(sender)
 }
 
+/// What one connection measured.
+#[derive(Default)]
+struct Measured {
+    latencies_us: Vec<u32>,
+    late: Vec<Late>,
+    errors: u64,
+}
+
 async fn worker_loop(
     spec: LoadSpec,
     worker: usize,
     measure_from: Instant,
     end: Instant,
     mut schedule: Option<mpsc::UnboundedReceiver<Instant>>,
-) -> anyhow::Result<(Vec<u32>, u64)> {
+) -> anyhow::Result<Measured> {
     let scheme = Scheme::Stripe {
         tolerance: Duration::from_secs(300),
     };
     let mut sender = connect(spec.target).await?;
-    let mut latencies = Vec::new();
-    let mut errors = 0u64;
+    let mut measured = Measured::default();
     let mut n: u64 = 0;
     loop {
         // Signed before its send time: preparing it is not the server's
@@ -288,14 +355,22 @@ async fn worker_loop(
         let done = Instant::now();
         if scheduled >= measure_from && done <= end + Duration::from_secs(5) {
             if ok {
-                let us = done.duration_since(scheduled).as_micros();
-                latencies.push(u32::try_from(us).unwrap_or(u32::MAX));
+                let took = done.duration_since(scheduled);
+                let latency_us = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+                measured.latencies_us.push(latency_us);
+                if took > LATE {
+                    let due = scheduled.duration_since(measure_from).as_micros();
+                    measured.late.push(Late {
+                        due_us: u64::try_from(due).unwrap_or(u64::MAX),
+                        latency_us,
+                    });
+                }
             } else {
-                errors += 1;
+                measured.errors += 1;
             }
         }
     }
-    Ok((latencies, errors))
+    Ok(measured)
 }
 
 #[cfg(test)]
@@ -306,6 +381,7 @@ mod tests {
     fn cpu_per_request_divides_by_successful_requests() {
         let report = LoadReport {
             latencies_us: vec![100, 200, 300, 400],
+            late: Vec::new(),
             errors: 3,
             elapsed: Duration::from_secs(1),
             cpu: vec![Some(8_000), None],
@@ -320,5 +396,58 @@ mod tests {
         assert_eq!(idle.cpu_us_per_request(0), None, "no requests");
         assert_eq!(idle.mean_ms(), 0.0);
         assert!((report.mean_ms() - 0.25).abs() < 1e-12);
+    }
+
+    fn late(due_ms: u64, latency_ms: u32) -> Late {
+        Late {
+            due_us: due_ms * 1000,
+            latency_us: latency_ms * 1000,
+        }
+    }
+
+    #[test]
+    fn overlapping_late_requests_make_one_episode_and_the_largest_comes_first() {
+        let gap = Duration::from_millis(10);
+        let found = episodes(
+            &[
+                // A lone slow request at 900 ms.
+                late(900, 6),
+                // A 40 ms stall at 100 ms: every request due during it is
+                // late, later ones by less; given out of order.
+                late(130, 12),
+                late(100, 40),
+                late(110, 31),
+                // Due 9 ms after the stall's last answer (at 142 ms): the
+                // same episode.
+                late(151, 6),
+                // 30 ms after: a new one.
+                late(187, 7),
+            ],
+            gap,
+        );
+        assert_eq!(
+            found,
+            vec![
+                Episode {
+                    from_us: 100_000,
+                    to_us: 157_000,
+                    requests: 4,
+                    worst_us: 40_000,
+                },
+                Episode {
+                    from_us: 187_000,
+                    to_us: 194_000,
+                    requests: 1,
+                    worst_us: 7_000,
+                },
+                Episode {
+                    from_us: 900_000,
+                    to_us: 906_000,
+                    requests: 1,
+                    worst_us: 6_000,
+                },
+            ]
+        );
+        assert!(episodes(&[], gap).is_empty());
     }
 }
