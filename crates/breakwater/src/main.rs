@@ -159,9 +159,10 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
 }
 
-fn init_tracing() {
+/// Logs to stderr, filtered by `RUST_LOG`, else at `default` and above.
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -179,7 +180,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { role } => {
-            init_tracing();
+            init_tracing("info");
             let config = load_config(cli.config.as_deref())?;
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
@@ -241,6 +242,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Ingress(args),
         } => {
+            // Warnings only: the service's "slow group commit" and "slow
+            // checkpoint pass" say which queue thread stalled, and when.
+            init_tracing("warn");
             // The service's own metrics say where phase 2's time went.
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()

@@ -140,6 +140,12 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// A group commit or checkpoint pass this slow is logged (40 times a
+/// normal commit): rare stalls are
+/// what set the ingress's tail latency, and a log line with the time says
+/// which thread stalled and when.
+const SLOW: Duration = Duration::from_millis(20);
+
 /// Batches smaller than this wait [`LINGER`] once for more operations.
 const LINGER_BELOW: usize = 32;
 /// Shorter than the WAL fsync it saves, so a small batch never waits
@@ -228,8 +234,16 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: Wr
                 tracing::warn!(error = %e, "queue checkpoint failed");
             }
         }
-        metrics::histogram!(crate::telemetry::QUEUE_COMMIT_SECONDS)
-            .record(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        if took >= SLOW {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                operations = size,
+                finished_checkpoint = finish_checkpoint,
+                "slow group commit: every webhook in it waited this long"
+            );
+        }
+        metrics::histogram!(crate::telemetry::QUEUE_COMMIT_SECONDS).record(took.as_secs_f64());
         metrics::histogram!(crate::telemetry::QUEUE_COMMIT_BATCH).record(size as f64);
         if !forget && Instant::now() >= next_prune {
             let pruned = prune(&mut conn, now_ms() - settings.dedup_window_ms, &mut dedup);
@@ -448,13 +462,24 @@ pub(crate) fn checkpoint_loop(
     loop {
         std::thread::sleep(CHECKPOINT_EVERY);
         let writer = alive.upgrade();
+        let started = Instant::now();
         let pass = store::checkpoint(&conn);
+        let copied = started.elapsed();
         if matches!(pass, Ok((frames, _)) if frames > 0) {
             // Extra syncs never weaken durability; a failure only means
             // the finishing checkpoint will sync more at once.
             if let Err(e) = db_file.sync_data() {
                 tracing::warn!(error = %e, "cannot fsync the queue database after a checkpoint pass");
             }
+        }
+        let took = started.elapsed();
+        if took >= SLOW {
+            tracing::warn!(
+                ms = took.as_millis() as u64,
+                copy_ms = copied.as_millis() as u64,
+                wal_frames = pass.as_ref().map_or(0, |p| p.0),
+                "slow checkpoint pass"
+            );
         }
         match pass {
             Ok((frames, _)) if frames > store::WAL_RESTART_FRAMES => {
