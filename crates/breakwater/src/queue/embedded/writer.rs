@@ -140,10 +140,10 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// A group commit or checkpoint pass this slow is logged (40 times a
-/// normal commit): rare stalls are
-/// what set the ingress's tail latency, and a log line with the time says
-/// which thread stalled and when.
+/// A group commit or checkpoint pass this slow is logged: about 40 times
+/// a full-load commit (0.5 ms). Rare stalls set the ingress's tail
+/// latency, and a log line says which thread stalled, when, and for how
+/// long.
 const SLOW: Duration = Duration::from_millis(20);
 
 /// Batches smaller than this wait [`LINGER`] once for more operations.
