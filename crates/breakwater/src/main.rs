@@ -242,8 +242,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Ingress(args),
         } => {
-            // Warnings only: the service's "slow group commit" and "slow
-            // checkpoint pass" say which queue thread stalled, and when.
+            // Warnings only (more with `RUST_LOG`): the queue's "slow group
+            // commit" says when the writer stalled, and for how long.
             init_tracing("warn");
             // The service's own metrics say where phase 2's time went.
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
