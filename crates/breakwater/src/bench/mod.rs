@@ -19,7 +19,7 @@
 //! is the median of the rounds' ratios; phase 3 runs at half the median of
 //! phase 2's rates. On a shared VM either side alone moves by a third from
 //! one minute to the next (bare hyper measured 36k to 60k req/s in five
-//! runs within half an hour): the two phases of one round run back to
+//! runs within half an hour on the VM of 2026-11-29): the two phases of one round run back to
 //! back, under the same neighbours, and the median keeps one lucky or
 //! unlucky round from deciding the figure.
 //!
@@ -27,7 +27,9 @@
 //! window, read from `/proc` ([`threads`]): the server runtime's threads
 //! plus the queue's, and the client's. Bare hyper's server and client
 //! threads cost 14–16 and 18–19 µs per request at 56k/s, and 32 and 66 µs
-//! at 8k/s: a thread that idles between requests pays a wake-up for each.
+//! at 8k/s, on the VMs of 2026-11-29 (6.6–7.8 and 10.6–11.7 µs at about
+//! 100k/s on the faster one of 2026-11-30): a thread that idles between
+//! requests pays a wake-up for each.
 //! These are the figures to watch when making the ingress cheaper.
 //!
 //! After the last round it reads the service's own metrics, so the figures say
@@ -270,8 +272,10 @@ impl Inside {
         }
     }
 
-    /// The means since the service started, from a Prometheus rendering.
-    pub fn from_prometheus(text: &str) -> Option<Self> {
+    /// The means since the service started, from a Prometheus rendering
+    /// (the bench itself reads [`Totals`] and takes differences).
+    #[cfg(test)]
+    fn from_prometheus(text: &str) -> Option<Self> {
         Totals::from_prometheus(text).map(|t| Self::between(Totals::default(), t))
     }
 
