@@ -15,6 +15,14 @@
 //!    1's server, the floor of what client, loopback and scheduler add to
 //!    a latency at that rate (the control for phase 3).
 //!
+//! With `--floor`, each round has a third full-load phase: the same ingress
+//! in front of [`floor::FloorQueue`], which only appends each group of
+//! webhooks to a file and `fdatasync`s it. Its ratio to bare hyper is the
+//! most that any queue fsyncing from its own thread before the 202 can
+//! reach on this machine: what is left between it and phase 2 is the
+//! store's own cost; what is left between it and a target is the
+//! machine's.
+//!
 //! Phases 1 and 2 alternate for `--rounds` rounds, and the ratio reported
 //! is the median of the rounds' ratios; phase 3 runs at half the median of
 //! phase 2's rates. On a shared VM either side alone moves by a third from
@@ -53,6 +61,7 @@
 //! capacity.
 
 pub mod drain;
+pub mod floor;
 pub mod load;
 pub mod threads;
 
@@ -97,6 +106,11 @@ pub struct IngressBenchArgs {
     /// disk production would use: fsync cost is what is being measured.
     #[arg(long, default_value = "data/bench")]
     pub data_dir: PathBuf,
+    /// Also run, in each round, the ingress in front of a queue that only
+    /// appends each group of webhooks to a file and fdatasyncs it: the most
+    /// any ingress that answers after an fsync can do on this machine.
+    #[arg(long)]
+    pub floor: bool,
 }
 
 /// The threads whose CPU time per request the report shows: the server
@@ -126,18 +140,29 @@ pub struct IngressBenchReport {
     pub queue_cpu: Option<QueueCpu>,
 }
 
-/// One round: bare hyper, then Breakwater, at full load.
+/// One round: bare hyper, then Breakwater, at full load (and, with
+/// `--floor`, the ingress on the [`floor`] queue).
 #[derive(Debug)]
 pub struct Round {
     pub bare: LoadReport,
     pub breakwater: LoadReport,
+    pub floor: Option<LoadReport>,
 }
 
 impl Round {
     /// Breakwater's rate over bare hyper's.
     pub fn ratio(&self) -> f64 {
+        self.ratio_of(&self.breakwater)
+    }
+
+    /// The floor's rate over bare hyper's, when it ran.
+    pub fn floor_ratio(&self) -> Option<f64> {
+        self.floor.as_ref().map(|floor| self.ratio_of(floor))
+    }
+
+    fn ratio_of(&self, phase: &LoadReport) -> f64 {
         if self.bare.rate() > 0.0 {
-            self.breakwater.rate() / self.bare.rate()
+            phase.rate() / self.bare.rate()
         } else {
             0.0
         }
@@ -235,6 +260,20 @@ impl Totals {
             ops,
         })
     }
+
+    /// These totals plus what was added between `before` and `after`.
+    fn plus_between(self, before: Self, after: Self) -> Self {
+        let add = |mine: f64, from: f64, to: f64| mine + (to - from);
+        Self {
+            handler_secs: add(self.handler_secs, before.handler_secs, after.handler_secs),
+            accepted: add(self.accepted, before.accepted, after.accepted),
+            wait_secs: add(self.wait_secs, before.wait_secs, after.wait_secs),
+            waits: add(self.waits, before.waits, after.waits),
+            commit_secs: add(self.commit_secs, before.commit_secs, after.commit_secs),
+            commits: add(self.commits, before.commits, after.commits),
+            ops: add(self.ops, before.ops, after.ops),
+        }
+    }
 }
 
 /// Means from the service's metrics over a stretch of the bench.
@@ -323,6 +362,9 @@ impl fmt::Display for IngressBenchReport {
             let n = i + 1;
             rows.push((format!("{n}: bare hyper (200 ok)"), &round.bare));
             rows.push((format!("{n}: breakwater (verify+fsync)"), &round.breakwater));
+            if let Some(floor) = &round.floor {
+                rows.push((format!("{n}: floor (append+fsync)"), floor));
+            }
         }
         rows.push(("breakwater at 1/2 peak".to_owned(), &self.half_rate));
         rows.push(("bare hyper at that rate".to_owned(), &self.bare_half_rate));
@@ -358,6 +400,18 @@ impl fmt::Display for IngressBenchReport {
             self.ratio() * 100.0,
             per_round.join(", ")
         )?;
+        let floor: Vec<f64> = self.rounds.iter().filter_map(Round::floor_ratio).collect();
+        if !floor.is_empty() {
+            let per_round: Vec<String> =
+                floor.iter().map(|r| format!("{:.1}%", r * 100.0)).collect();
+            writeln!(
+                f,
+                "ratio floor / bare hyper: {:.1}% (median of rounds: {}): the most a queue \
+                 that fsyncs each group from its own thread before answering can reach here",
+                median(floor.clone()) * 100.0,
+                per_round.join(", ")
+            )?;
+        }
         if let Some(i) = &self.inside {
             writeln!(
                 f,
@@ -475,6 +529,19 @@ pub fn run_ingress_bench(
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
     let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
+    let floor_addr = if args.floor {
+        Some(server_rt.block_on(start_floor(&config, &dir))?)
+    } else {
+        None
+    };
+    let totals = || {
+        metrics
+            .as_ref()
+            .and_then(|m| Totals::from_prometheus(&m.render()))
+    };
+    // The floor's requests go through the same ingress metrics: their
+    // share is taken out of phase 2's figures.
+    let mut floor_share = Totals::default();
     let mut rounds = Vec::new();
     // The queue threads' CPU while the queue is busy, so phase 1 (queue
     // idle) is left out.
@@ -491,15 +558,30 @@ pub fn run_ingress_bench(
             (Some(sum), Some(before), Some(after)) => Some(sum.plus(after.since(before))),
             _ => None,
         };
-        rounds.push(Round { bare, breakwater });
+        let floor = match floor_addr {
+            Some(floor_addr) => {
+                eprintln!(
+                    "round {n}/{}: floor: the ingress on an append-only file",
+                    args.rounds
+                );
+                let tag = format!("floor{n}");
+                let before = totals();
+                let floor = client_rt.block_on(load::run(spec(floor_addr, &path, &tag, None)))?;
+                if let (Some(before), Some(after)) = (before, totals()) {
+                    floor_share = floor_share.plus_between(before, after);
+                }
+                Some(floor)
+            }
+            None => None,
+        };
+        rounds.push(Round {
+            bare,
+            breakwater,
+            floor,
+        });
     }
-    let totals = || {
-        metrics
-            .as_ref()
-            .and_then(|m| Totals::from_prometheus(&m.render()))
-    };
     let after_rounds = totals();
-    let inside = after_rounds.map(|t| Inside::between(Totals::default(), t));
+    let inside = after_rounds.map(|t| Inside::between(floor_share, t));
 
     let peak = median(rounds.iter().map(|r| r.breakwater.rate()).collect());
     eprintln!("phase 3/4: breakwater at half of {peak:.0} req/s");
@@ -543,6 +625,27 @@ pub fn bench_config(dir: &std::path::Path) -> Config {
         ..SourceConfig::new(SOURCE, SchemeName::Stripe, vec![BENCH_SECRET.to_owned()])
     });
     config
+}
+
+/// Starts the real ingress of `config` in front of a [`floor::FloorQueue`]
+/// whose file is in `dir`, on an ephemeral port.
+async fn start_floor(config: &Config, dir: &std::path::Path) -> anyhow::Result<SocketAddr> {
+    let sources = crate::source::compile_all(&config.sources)?;
+    let queue = floor::FloorQueue::open(&dir.join("floor.log"), &config.queue)?;
+    let router = crate::ingress::Ingress::new(
+        &sources,
+        std::sync::Arc::new(queue),
+        config.ingress.max_body_bytes,
+    )
+    .router();
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "the floor's server stopped");
+        }
+    });
+    Ok(addr)
 }
 
 async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
@@ -616,6 +719,11 @@ breakwater_queue_enqueue_wait_seconds_count 10000
             ops: before.ops + 1000.0,
         };
         let phase = Inside::between(before, after);
+        // Taking a stretch's share out: what is left is the rest.
+        let share = Totals::default().plus_between(before, after);
+        assert_eq!(share.accepted, 1000.0);
+        assert_eq!(Inside::between(share, after).accepted, before.accepted);
+        assert!((Inside::between(share, after).handler_ms - 4.0).abs() < 1e-9);
         assert_eq!(phase.accepted, 1000.0);
         assert!((phase.handler_ms - 2.0).abs() < 1e-9);
         assert!((phase.wait_ms - 0.5).abs() < 1e-9);

@@ -81,3 +81,56 @@ fn queue_stats_reads_the_store() {
     assert_eq!(v["visible"], 0);
     assert_eq!(v["dead_lettered"], 0);
 }
+
+/// A short `bench ingress --floor`: every phase runs against the real
+/// servers, every request of every phase is answered 2xx, and the run
+/// leaves no store behind. (The figures themselves are for people: a
+/// timed assertion would flake on a busy machine.)
+#[test]
+fn bench_ingress_runs_every_phase_without_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = breakwater(&[
+        "bench",
+        "ingress",
+        "--rounds",
+        "1",
+        "--duration",
+        "1",
+        "--warmup",
+        "0",
+        "--concurrency",
+        "4",
+        "--floor",
+        "--data-dir",
+        dir.path().to_str().expect("utf8"),
+    ]);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{report}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for phase in [
+        "1: bare hyper (200 ok)",
+        "1: breakwater (verify+fsync)",
+        "1: floor (append+fsync)",
+        "breakwater at 1/2 peak",
+        "bare hyper at that rate",
+    ] {
+        let row = report
+            .lines()
+            .find_map(|line| line.strip_prefix(phase))
+            .unwrap_or_else(|| panic!("no row {phase:?} in:\n{report}"));
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        let rate: f64 = columns[0].parse().expect("req/s");
+        assert!(rate > 0.0, "{phase}: no request answered\n{report}");
+        assert_eq!(columns[5], "0", "{phase}: errors\n{report}");
+    }
+    assert!(
+        report.contains("ratio breakwater / bare hyper: "),
+        "{report}"
+    );
+    assert!(report.contains("ratio floor / bare hyper: "), "{report}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).expect("data dir").collect();
+    assert!(left.is_empty(), "the bench left {left:?} behind");
+}

@@ -149,7 +149,7 @@ pub(crate) fn now_ms() -> i64 {
 const SLOW: Duration = Duration::from_millis(20);
 
 /// Batches smaller than this wait [`LINGER`] once for more operations.
-const LINGER_BELOW: usize = 32;
+pub(crate) const LINGER_BELOW: usize = 32;
 /// Shorter than the WAL fsync it saves, so a small batch never waits
 /// longer for company than its commit takes. Under `bench ingress` at half
 /// the peak rate (four interleaved runs each, on a disk whose `fdatasync`
@@ -158,7 +158,7 @@ const LINGER_BELOW: usize = 32;
 /// ms against 3.86–4.74 (and one 26 ms run with a stall). At full load
 /// more batches now commit below [`LINGER_BELOW`] (27.8 operations per
 /// commit on average against about 35), and the rate did not move.
-const LINGER: Duration = Duration::from_micros(100);
+pub(crate) const LINGER: Duration = Duration::from_micros(100);
 
 fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
     while batch.len() < max {
