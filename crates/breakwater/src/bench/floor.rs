@@ -4,18 +4,25 @@
 //! [`FloorQueue`] takes webhooks the way the embedded queue's writer does
 //! (one thread, groups of whatever has queued up, the same linger for
 //! small groups, the headers serialized on the caller's thread, the reply
-//! only after the group's `fdatasync`), but instead of SQLite it appends
-//! each group to one file with one `write`, and keeps nothing else: no
-//! index, no dedup, no checkpoint, no claims. The real ingress (signature,
-//! parsing, routing) runs in front of it unchanged.
+//! only after the group's `fdatasync`), but instead of SQLite it writes
+//! each group with one positioned write into a preallocated ring file
+//! ([`RING_BYTES`], zero-filled and synced when it opens, so no
+//! `fdatasync` has a file size or new blocks to record, as with SQLite's
+//! WAL once it is rewound), and keeps nothing else: no index, no dedup, no
+//! checkpoint, no claims. The real ingress (signature, parsing, routing)
+//! runs in front of it unchanged.
 //!
-//! So its rate is an upper bound for any store that makes each webhook
-//! durable before the 202 on this disk and these two cores, whatever its
-//! format: if the floor does not reach a target, no queue will. It is a
-//! measuring instrument, not a backend: it cannot hand out what it took,
-//! and every other operation fails.
+//! So its rate bounds from above what a queue can reach on this disk and
+//! these two cores when it makes each webhook durable with a group
+//! `fdatasync` from its own thread before the 202, as the embedded queue
+//! does: what lies between the floor and phase 2 is the store's own cost.
+//! (It does not bound designs it does not share: fsyncs issued from the
+//! runtime's own threads, say, through io_uring.) It is a measuring
+//! instrument, not a backend: it overwrites what it took, cannot hand it
+//! out, and every other operation fails.
 
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use async_trait::async_trait;
@@ -27,6 +34,9 @@ use crate::queue::{Delivery, Enqueued, NewMessage, Queue, QueueError, QueueStats
 
 type Reply = oneshot::Sender<Result<Enqueued, QueueError>>;
 
+/// Size of the ring file: a few hundred groups of 1 KiB webhooks.
+pub const RING_BYTES: u64 = 64 << 20;
+
 /// A webhook with its headers already serialized, as the writer gets it.
 struct Pending {
     message: NewMessage,
@@ -34,7 +44,7 @@ struct Pending {
     reply: Reply,
 }
 
-/// An append-only file with group commit: see the module doc.
+/// A preallocated file written with group commit: see the module doc.
 #[derive(Debug, Clone)]
 pub struct FloorQueue {
     ops: mpsc::Sender<Pending>,
@@ -42,11 +52,11 @@ pub struct FloorQueue {
 
 impl FloorQueue {
     /// Creates (truncating) the file at `path` and starts the thread that
-    /// appends to it, with the embedded queue's `max_batch` and
+    /// writes to it, with the embedded queue's `max_batch` and
     /// `max_pending` from `config`; the thread ends when the last clone is
     /// dropped.
     pub fn open(path: &Path, config: &QueueConfig) -> Result<Self, QueueError> {
-        let file = std::fs::File::create(path)
+        let file = preallocate(path, RING_BYTES)
             .map_err(|e| QueueError::Storage(format!("cannot create {}: {e}", path.display())))?;
         let (ops, rx) = mpsc::channel(config.max_pending.max(1));
         let max_group = config.max_batch.max(1);
@@ -60,11 +70,33 @@ impl FloorQueue {
     }
 }
 
-/// Appends each group with one `write`, `fdatasync`s, then answers it.
-fn append_loop(mut file: std::fs::File, mut rx: mpsc::Receiver<Pending>, max_group: usize) {
+/// Creates the file at `path` with `len` zero bytes on disk.
+fn preallocate(path: &Path, len: u64) -> std::io::Result<std::fs::File> {
+    let mut file = std::fs::File::create(path)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        file.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()?;
+    Ok(file)
+}
+
+/// Where a group of `len` bytes goes after one that ended at `end`: on,
+/// or back at the start when it would pass the ring's end. (A group
+/// larger than the ring starts at 0 and grows the file.)
+fn ring_offset(end: u64, len: u64) -> u64 {
+    if end + len <= RING_BYTES { end } else { 0 }
+}
+
+/// Writes each group into the ring, `fdatasync`s, then answers it.
+fn append_loop(file: std::fs::File, mut rx: mpsc::Receiver<Pending>, max_group: usize) {
     let mut group: Vec<Pending> = Vec::with_capacity(max_group);
     let mut bytes: Vec<u8> = Vec::new();
     let mut next_id: u64 = 0;
+    let mut end: u64 = 0;
     let drain = |rx: &mut mpsc::Receiver<Pending>, group: &mut Vec<Pending>| {
         while group.len() < max_group {
             match rx.try_recv() {
@@ -84,14 +116,18 @@ fn append_loop(mut file: std::fs::File, mut rx: mpsc::Receiver<Pending>, max_gro
         for p in &group {
             encode(&mut bytes, &p.message, &p.headers_json);
         }
-        let written = file.write_all(&bytes).and_then(|()| file.sync_data());
+        let at = ring_offset(end, bytes.len() as u64);
+        end = at + bytes.len() as u64;
+        let written = file
+            .write_all_at(&bytes, at)
+            .and_then(|()| file.sync_data());
         for p in group.drain(..) {
             next_id += 1;
             let outcome = match &written {
                 Ok(()) => Ok(Enqueued::New {
                     id: next_id.to_string(),
                 }),
-                Err(e) => Err(QueueError::Storage(format!("floor append failed: {e}"))),
+                Err(e) => Err(QueueError::Storage(format!("floor write failed: {e}"))),
             };
             let _ = p.reply.send(outcome);
         }
@@ -202,7 +238,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn appends_every_webhook_before_answering_and_takes_nothing_else() {
+    async fn writes_every_webhook_before_answering_and_takes_nothing_else() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("floor.log");
         let queue = FloorQueue::open(&path, &QueueConfig::default()).expect("open");
@@ -211,6 +247,7 @@ mod tests {
         assert_eq!(first.expect("first"), Enqueued::New { id: "1".into() });
         assert_eq!(second.expect("second"), Enqueued::New { id: "2".into() });
 
+        assert_eq!(std::fs::metadata(&path).expect("file").len(), RING_BYTES);
         let mut expected = Vec::new();
         encode(
             &mut expected,
@@ -222,11 +259,22 @@ mod tests {
             &webhook("evt_2", b"{\"b\":22}"),
             "[[\"stripe-signature\",\"t=1,v1=ab\"]]",
         );
-        assert_eq!(std::fs::read(&path).expect("read"), expected);
+        let written = std::fs::read(&path).expect("read");
+        assert_eq!(&written[..expected.len()], &expected[..]);
+        assert!(written[expected.len()..].iter().all(|&b| b == 0));
 
         assert!(matches!(
             queue.claim(10, std::time::Duration::from_secs(1)).await,
             Err(QueueError::Storage(_))
         ));
+    }
+
+    #[test]
+    fn groups_wrap_to_the_start_of_the_ring() {
+        assert_eq!(ring_offset(0, 100), 0);
+        assert_eq!(ring_offset(500, 100), 500);
+        assert_eq!(ring_offset(RING_BYTES - 100, 100), RING_BYTES - 100);
+        assert_eq!(ring_offset(RING_BYTES - 100, 101), 0);
+        assert_eq!(ring_offset(10, RING_BYTES + 1), 0);
     }
 }

@@ -16,8 +16,8 @@
 //!    a latency at that rate (the control for phase 3).
 //!
 //! With `--floor`, each round has a third full-load phase: the same ingress
-//! in front of [`floor::FloorQueue`], which only appends each group of
-//! webhooks to a file and `fdatasync`s it. Its ratio to bare hyper is the
+//! in front of [`floor::FloorQueue`], which only writes each group of
+//! webhooks into a preallocated file and `fdatasync`s it. Its ratio to bare hyper is the
 //! most that any queue fsyncing from its own thread before the 202 can
 //! reach on this machine: what is left between it and phase 2 is the
 //! store's own cost; what is left between it and a target is the
@@ -107,7 +107,7 @@ pub struct IngressBenchArgs {
     #[arg(long, default_value = "data/bench")]
     pub data_dir: PathBuf,
     /// Also run, in each round, the ingress in front of a queue that only
-    /// appends each group of webhooks to a file and fdatasyncs it: the most
+    /// writes each group of webhooks into a preallocated file and fdatasyncs it: the most
     /// any ingress that answers after an fsync can do on this machine.
     #[arg(long)]
     pub floor: bool,
@@ -363,7 +363,7 @@ impl fmt::Display for IngressBenchReport {
             rows.push((format!("{n}: bare hyper (200 ok)"), &round.bare));
             rows.push((format!("{n}: breakwater (verify+fsync)"), &round.breakwater));
             if let Some(floor) = &round.floor {
-                rows.push((format!("{n}: floor (append+fsync)"), floor));
+                rows.push((format!("{n}: floor (write+fsync)"), floor));
             }
         }
         rows.push(("breakwater at 1/2 peak".to_owned(), &self.half_rate));
@@ -561,7 +561,7 @@ pub fn run_ingress_bench(
         let floor = match floor_addr {
             Some(floor_addr) => {
                 eprintln!(
-                    "round {n}/{}: floor: the ingress on an append-only file",
+                    "round {n}/{}: floor: the ingress on a write-and-fsync file",
                     args.rounds
                 );
                 let tag = format!("floor{n}");

@@ -17,6 +17,8 @@ pub const RETRY_AFTER_SECS: u32 = 5;
 pub enum IngressError {
     #[error("no source named \"{0}\" is configured")]
     UnknownSource(String),
+    #[error("nothing here answers {0}; webhooks go to POST /webhooks/{{source}}")]
+    NoRoute(String),
     #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
@@ -33,7 +35,7 @@ impl IngressError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::UnknownSource(_) => StatusCode::NOT_FOUND,
+            Self::UnknownSource(_) | Self::NoRoute(_) => StatusCode::NOT_FOUND,
             Self::Unauthorized(_) | Self::Stale(_) => StatusCode::UNAUTHORIZED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadBody(_) => StatusCode::BAD_REQUEST,
@@ -45,6 +47,7 @@ impl IngressError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::UnknownSource(_) => "unknown_source",
+            Self::NoRoute(_) => "not_found",
             Self::Unauthorized(_) => "unauthorized",
             Self::Stale(_) => "stale",
             Self::TooLarge { .. } => "too_large",

@@ -21,13 +21,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, Method, StatusCode, Uri};
 use metrics::{Counter, Histogram};
 use serde::Serialize;
 
@@ -83,6 +83,7 @@ impl Ingress {
             .route("/webhooks/{source}", post(receive))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
+            .fallback(no_route)
             .layer(DefaultBodyLimit::max(limit))
             .with_state(Arc::new(self))
     }
@@ -96,12 +97,17 @@ struct Accepted<'a> {
     event_id: &'a str,
 }
 
+/// Stands in for a source name that is not valid UTF-8 (no source can
+/// have it).
+const NOT_UTF8: &str = "<not UTF-8>";
+
 async fn receive(
     State(ingress): State<Arc<Ingress>>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let name = name.map_or_else(|_| NOT_UTF8.to_owned(), |Path(name)| name);
     match accept(&ingress, &name, &headers, body).await {
         Ok(response) => response,
         Err(e) => {
@@ -117,6 +123,17 @@ async fn receive(
             e.into_response()
         }
     }
+}
+
+/// Any other path: JSON like every other refusal. A POST under
+/// `/webhooks/` (a name with a slash in it, or none) names no source.
+async fn no_route(method: Method, uri: Uri) -> Response {
+    let path = uri.path();
+    match path.strip_prefix("/webhooks/") {
+        Some(rest) if method == Method::POST => IngressError::UnknownSource(rest.to_owned()),
+        _ => IngressError::NoRoute(format!("{method} {path}")),
+    }
+    .into_response()
 }
 
 async fn accept(

@@ -113,7 +113,7 @@ fn bench_ingress_runs_every_phase_without_errors() {
     for phase in [
         "1: bare hyper (200 ok)",
         "1: breakwater (verify+fsync)",
-        "1: floor (append+fsync)",
+        "1: floor (write+fsync)",
         "breakwater at 1/2 peak",
         "bare hyper at that rate",
     ] {

@@ -105,6 +105,27 @@ async fn refusals_answer_json_and_enqueue_nothing() {
         .await;
     assert_eq!(a.status, StatusCode::NOT_FOUND);
     assert_eq!(a.json()["error"], "unknown_source");
+    // Names no source can have: with a slash, empty, not UTF-8.
+    for path in ["/webhooks/stripe/extra", "/webhooks/", "/webhooks/%FF"] {
+        let a = http
+            .post(
+                &server.url(path),
+                &stripe_headers(&body, unix_now()),
+                body.clone(),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(a.json()["error"], "unknown_source", "{path}");
+    }
+    // Outside /webhooks/: JSON too.
+    let a = http.get(&server.url("/nothing-here")).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert_eq!(a.json()["error"], "not_found");
+    assert!(
+        a.json()["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("GET /nothing-here"))
+    );
 
     // Missing signature.
     let a = http.post(&url, &[], body.clone()).await;

@@ -72,7 +72,9 @@ impl EmbeddedQueue {
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
         let settings = WriterSettings {
             max_batch: config.max_batch.max(1),
-            dedup_window_ms: (config.dedup_window_secs as i64).saturating_mul(1000),
+            dedup_window_ms: i64::try_from(config.dedup_window_secs)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(1000),
         };
         std::thread::Builder::new()
             .name("queue-writer".into())

@@ -8,10 +8,15 @@
 //! # Format
 //!
 //! One table, `messages`, one row per accepted webhook, keyed by an integer
-//! id. `(source, event_id)` is kept unique by the writer's in-memory
-//! [`dedup`](super::dedup) index rather than by a SQLite index, whose
-//! random-key inserts cost most of the queue's writes (stores created before
-//! that still carry the UNIQUE constraint, which stays correct):
+//! id. Redeliveries of one `(source, event_id)` are caught by the writer's
+//! in-memory [`dedup`](super::dedup) index rather than by a SQLite unique
+//! index, whose random-key inserts cost most of the queue's writes. That
+//! catch is best effort, not a constraint: the index does not see another
+//! process's enqueues and takes a hash collision for a new event (see
+//! [`dedup`](super::dedup)), so two rows for one event are possible, and
+//! the sink's inbox is what applies it once. (Stores
+//! created before that still carry the UNIQUE constraint, which stays
+//! correct.)
 //!
 //! | state | meaning | `visible_at` | `lease` |
 //! |---|---|---|---|
@@ -217,7 +222,7 @@ pub(crate) fn claim(
         "UPDATE messages SET lease = ?2, visible_at = ?3, receives = receives + 1 WHERE id = ?1",
     )?;
     for (id, _) in &messages {
-        lease.execute(params![id, token, now_ms + lease_ms])?;
+        lease.execute(params![id, token, now_ms.saturating_add(lease_ms)])?;
     }
     Ok(messages)
 }

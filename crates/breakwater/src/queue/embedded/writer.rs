@@ -5,11 +5,12 @@
 //! dead-letter, replay, purge) is sent to one thread, which takes whatever
 //! has queued up (at most `max_batch`), runs it all in one transaction and
 //! commits once: a hundred concurrent webhooks share one fsync. Replies are
-//! sent only after the commit returned, so a caller that hears "done" knows
-//! the change is on disk. Only batches holding an enqueue pay for the fsync
-//! (see [`Op::needs_fsync`] for why the others need not), and only they
-//! linger for company. If the commit fails, every operation of the batch
-//! fails with it and nothing is acknowledged.
+//! sent only after the commit returned. Only batches holding an enqueue
+//! pay for the fsync, so only an enqueue's "done" means "on disk"; every
+//! other change is committed without one and becomes durable with the next
+//! fsync'd commit or checkpoint (see [`Op::needs_fsync`] for why that is
+//! enough), and only enqueues linger for company. If the commit fails,
+//! every operation of the batch fails with it and nothing is acknowledged.
 
 use std::time::{Duration, Instant};
 
@@ -269,10 +270,10 @@ fn run_batch(
     // failing when a read turns into a write.
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let now = now_ms();
-    let (mut acked, mut dead) = (0u64, 0u64);
+    let mut tally = Tally::default();
     let mut ops = ops;
     while let Some(op) = ops.next() {
-        let step = run_op(&tx, op, now, forget, dedup, &mut acked, &mut dead);
+        let step = run_op(&tx, op, now, forget, dedup, &mut tally);
         match step {
             Ok(f) => finishes.push(f),
             Err((e, f)) => {
@@ -284,9 +285,23 @@ fn run_batch(
             }
         }
     }
-    store::bump(&tx, "acked_total", acked)?;
-    store::bump(&tx, "dead_total", dead)?;
-    tx.commit()
+    store::bump(&tx, "acked_total", tally.acked)?;
+    store::bump(&tx, "dead_total", tally.dead)?;
+    tx.commit()?;
+    // Only now: had the commit failed, the rows would still be there, and
+    // a redelivery of one of them must still answer "duplicate".
+    forget_all(dedup, tally.forgotten);
+    Ok(())
+}
+
+/// What a batch's operations did besides their replies: the counters it
+/// bumps, and the rows it deleted, which leave the dedup index once it
+/// commits.
+#[derive(Default)]
+struct Tally {
+    acked: u64,
+    dead: u64,
+    forgotten: Vec<store::Forgotten>,
 }
 
 type StepError = (rusqlite::Error, Finish);
@@ -297,8 +312,7 @@ fn run_op(
     now: i64,
     forget: bool,
     dedup: &mut DedupIndex,
-    acked: &mut u64,
-    dead: &mut u64,
+    tally: &mut Tally,
 ) -> Result<Finish, StepError> {
     // Each arm returns the value to send after commit, or the error that
     // aborts the batch together with the reply to fail.
@@ -365,11 +379,11 @@ fn run_op(
                 store::Acked::LeaseLost => false,
                 store::Acked::Kept => true,
                 store::Acked::Deleted(gone) => {
-                    forget_all(dedup, [gone]);
+                    tally.forgotten.push(gone);
                     true
                 }
             };
-            *acked += u64::from(ok);
+            tally.acked += u64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
         Op::Unclaim {
@@ -381,7 +395,13 @@ fn run_op(
         } => {
             let ok = attempt!(
                 reply,
-                store::unclaim(tx, id, lease, now + delay_ms, error.as_deref())
+                store::unclaim(
+                    tx,
+                    id,
+                    lease,
+                    now.saturating_add(delay_ms),
+                    error.as_deref()
+                )
             );
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
@@ -396,7 +416,7 @@ fn run_op(
                 reply,
                 store::dead_letter(tx, id, lease, now, &class, &error)
             );
-            *dead += u64::from(ok);
+            tally.dead += u64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
         Op::Replay {
@@ -411,7 +431,7 @@ fn run_op(
         Op::Purge { ids, reply } => {
             let gone = attempt!(reply, store::purge(tx, &ids));
             let n = gone.len();
-            forget_all(dedup, gone);
+            tally.forgotten.extend(gone);
             finish(reply, Ok(n))
         }
         // Taken out of the batch before it runs.
@@ -541,9 +561,8 @@ fn prune(conn: &mut Connection, before_ms: i64, dedup: &mut DedupIndex) -> usize
     pruned
 }
 
-/// Takes deleted messages out of the dedup index. (Done before the commit:
-/// should it fail, a later redelivery of one of them is queued again, which
-/// the sink's inbox absorbs.)
+/// Takes deleted messages out of the dedup index, once their deletion has
+/// committed.
 fn forget_all(dedup: &mut DedupIndex, gone: impl IntoIterator<Item = store::Forgotten>) {
     for (id, source, event_id) in gone {
         dedup.remove(dedup::key(&source, &event_id), id);
