@@ -2,7 +2,8 @@
 //!
 //! The flow of one request, in the order the checks run:
 //!
-//! 1. look up the source (404 `unknown_source`);
+//! 1. look up the source (404 `unknown_source`; any path the router does
+//!    not serve answers 404 `not_found`, JSON like the rest);
 //! 2. read the body within `max_body_bytes` (413 `too_large`);
 //! 3. verify the signature with the source's scheme and secrets
 //!    (401 `unauthorized`, or 401 `stale` outside the replay window);
