@@ -6,7 +6,9 @@
 //! default steps give 10, 25, 50, 100). The cool-down of the `n`-th opening
 //! since the last full close (n from 0) is `min(cap, base * 2^n)` shortened
 //! by a random fraction up to `jitter`, so it never exceeds the cap and, with
-//! `jitter < 0.5`, each re-opening waits longer than the one before.
+//! `jitter < 0.5`, each re-opening waits longer than the one before until
+//! the cap is reached (from then on each waits between `cap * (1 - jitter)`
+//! and `cap`).
 
 use std::time::Duration;
 

@@ -123,7 +123,7 @@ pub enum Reason {
     ProbeFailed,
     /// A probe was still unanswered when half-open ran out of time.
     ProbeTimedOut {
-        /// Time spent in half-open, milliseconds.
+        /// How long the oldest unanswered probe had been out, milliseconds.
         waited_ms: u64,
     },
     /// Enough consecutive probe successes: the ramp starts.
@@ -238,7 +238,7 @@ impl fmt::Display for Reason {
             Self::ProbeFailed => f.write_str("half-open probe failed on the dependency"),
             Self::ProbeTimedOut { waited_ms } => write!(
                 f,
-                "half-open probe unanswered after {:.1} s in half-open",
+                "half-open probe unanswered after {:.1} s",
                 secs(*waited_ms)
             ),
             Self::ProbesSucceeded { successes } => {

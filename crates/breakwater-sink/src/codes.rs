@@ -43,8 +43,23 @@ pub const CLASS_SYNTAX_OR_ACCESS: &str = "42";
 pub const CLASS_FEATURE_NOT_SUPPORTED: &str = "0A";
 /// Class 53: insufficient resources (disk full, out of memory, ...).
 pub const CLASS_INSUFFICIENT_RESOURCES: &str = "53";
-/// Class 55: object not in prerequisite state (locks, objects in use).
+/// Class 55: object not in prerequisite state (55P03, the lock timeout,
+/// is matched on its own first).
 pub const CLASS_OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55";
+/// 55006: object in use (e.g. a table another session is altering).
+pub const OBJECT_IN_USE: &str = "55006";
+/// Class 09: triggered action exception.
+pub const CLASS_TRIGGERED_ACTION: &str = "09";
+/// Class 27: triggered data change violation.
+pub const CLASS_TRIGGERED_DATA_CHANGE: &str = "27";
+/// Class 38: external routine exception.
+pub const CLASS_EXTERNAL_ROUTINE: &str = "38";
+/// Class 39: external routine invocation exception.
+pub const CLASS_EXTERNAL_ROUTINE_INVOCATION: &str = "39";
+/// Class 44: `WITH CHECK OPTION` violation.
+pub const CLASS_WITH_CHECK_OPTION: &str = "44";
+/// Class 54: program limit exceeded (e.g. an index row too large).
+pub const CLASS_PROGRAM_LIMIT_EXCEEDED: &str = "54";
 /// Class 57: operator intervention.
 pub const CLASS_OPERATOR_INTERVENTION: &str = "57";
 /// Class 58: system error (I/O errors on the server).

@@ -162,6 +162,10 @@ pub enum SinkSetupError {
     },
     #[error("cannot connect to the sink: {0}")]
     Connect(String),
+    /// The database did not answer (refused, timed out, full, starting
+    /// up): unlike the other variants, trying again later may succeed.
+    #[error("the sink's database does not answer: {0}")]
+    Unreachable(String),
     #[error("cannot create the inbox table: {0}")]
     Migrate(String),
     #[error("invalid sink settings: {0}")]

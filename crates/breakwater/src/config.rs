@@ -444,17 +444,41 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        // A lease must outlive the longest apply (pool wait + statements),
-        // or a slow apply's message is handed to a second worker.
-        let longest_apply = sink.acquire_timeout_ms + 2 * sink.statement_timeout_ms;
+        // A lease must outlive the longest apply (pool wait, then the
+        // inbox insert and each statement, every one under the statement
+        // timeout), or a slow apply's message is handed to a second worker.
+        let statements = self
+            .sources
+            .iter()
+            .map(|s| s.statements.len())
+            .max()
+            .unwrap_or(0)
+            .max(1) as u64
+            + 1;
+        let longest_apply = sink
+            .statement_timeout_ms
+            .saturating_mul(statements)
+            .saturating_add(sink.acquire_timeout_ms);
         if self.queue.lease_ms < longest_apply.max(1000) {
             return Err(ConfigError::invalid(
                 "queue.lease_ms",
                 format!(
-                    "must be at least {} ms (sink.acquire_timeout_ms + 2 x sink.statement_timeout_ms), \
-                     or a slow apply outlives its lease and runs twice",
+                    "must be at least {} ms (sink.acquire_timeout_ms + {statements} x \
+                     sink.statement_timeout_ms: the inbox insert and the most statements \
+                     of any source), or a slow apply outlives its lease and runs twice",
                     longest_apply.max(1000)
                 ),
+            ));
+        }
+        if self
+            .admin
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "is empty: set a secret, or leave the key out on a loopback admin.listen",
             ));
         }
         if self.queue.backend != QueueBackend::Embedded {
@@ -613,6 +637,28 @@ mod tests {
         let env = vec![("BREAKWATER_SINK_POOL_MAXX".to_owned(), "7".to_owned())];
         let err = Config::from_toml_with_env("", Path::new("t"), env).unwrap_err();
         assert!(err.to_string().contains("pool_maxx"), "{err}");
+    }
+
+    #[test]
+    fn lease_must_outlive_the_longest_source_apply() {
+        let with = |n: usize| {
+            let statement = "[[source.statement]]\nsql = \"SELECT 1\"\n";
+            parse(&format!(
+                "[[source]]\nname = \"s\"\nscheme = \"github\"\nsecrets = [\"x\"]\n{}",
+                statement.repeat(n)
+            ))
+        };
+        // Defaults: lease 30 s, pool wait 2 s, 5 s per statement.
+        assert!(with(4).is_ok(), "2 + (4 + 1) x 5 = 27 s fits");
+        let err = with(6).unwrap_err().to_string();
+        assert!(err.contains("queue.lease_ms"), "{err}");
+        assert!(err.contains("37000 ms") && err.contains("7 x"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_admin_token_is_refused() {
+        let err = parse("[admin]\ntoken = \"  \"\n").unwrap_err().to_string();
+        assert!(err.contains("admin.token"), "{err}");
     }
 
     #[test]

@@ -298,7 +298,8 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
             ));
         }
     };
-    Ok(std::time::Duration::from_secs_f64(secs))
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("\"{text}\" is not a duration Breakwater can wait"))
 }
 
 async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Result<()> {
@@ -421,7 +422,12 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
             max_replays,
         } => {
             anyhow::ensure!(all || !ids.is_empty(), "name message ids, or pass --all");
-            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            // At least one message an hour, at most a million a second: the
+            // pause between chunks stays a valid duration.
+            anyhow::ensure!(
+                rate.is_finite() && (1.0 / 3600.0..=1e6).contains(&rate),
+                "--rate must be between 0.0003 (one an hour) and 1000000 messages per second"
+            );
             let per_tick = (rate / 10.0).ceil().max(1.0) as usize;
             let mut total = 0usize;
             let mut pending: Vec<String> = ids;
@@ -508,5 +514,21 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_and_absurd_ones_are_errors_not_panics() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("10 parsecs").is_err());
+        let err = parse_duration("100000000000000000000000").unwrap_err();
+        assert!(err.contains("cannot wait"), "{err}");
     }
 }

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use breakwater_control::{BackoffPolicy, Jitter};
-use breakwater_sink::{SinkSettings, StatementSpec};
+use breakwater_sink::{Sink, SinkSettings, SinkSetupError, StatementSpec};
 
 use crate::admin::Admin;
 use crate::config::{BackoffJitter, Config};
@@ -27,7 +27,7 @@ use crate::queue::Queue;
 use crate::queue::embedded::EmbeddedQueue;
 use crate::source;
 use crate::worker::lanes::LaneSettings;
-use crate::worker::{Controller, WorkerSettings, Workers};
+use crate::worker::{Controller, ParkedKeys, WorkerSettings, Workers};
 
 /// Which parts of the pipeline this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -199,7 +199,37 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
     }
 }
 
-/// Starts the service described by `config`.
+/// First wait between attempts to reach an unreachable sink; it doubles up
+/// to [`SINK_RETRY_MAX`].
+const SINK_RETRY_FIRST: Duration = Duration::from_secs(1);
+const SINK_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Connects the sink. With `wait`, a database that does not answer
+/// ([`SinkSetupError::Unreachable`]) is tried again, with a warning each
+/// time, until it does; any other setup error (a bad URL or statement, a
+/// refused password) returns at once.
+async fn connect_sink(config: &Config, wait: bool) -> Result<Arc<dyn Sink>, ServeError> {
+    let mut delay = SINK_RETRY_FIRST;
+    loop {
+        match breakwater_sink::connect(&sink_settings(config), &statements(config)).await {
+            Err(SinkSetupError::Unreachable(error)) if wait => {
+                tracing::warn!(
+                    %error,
+                    retry_in_s = delay.as_secs(),
+                    "the sink's database does not answer: the ingress keeps taking webhooks \
+                     into the queue, and the workers start once it answers"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(SINK_RETRY_MAX);
+            }
+            other => return Ok(other?),
+        }
+    }
+}
+
+/// Starts the service described by `config`. With the role `all` and a
+/// sink that does not answer, it returns only once the sink does, the
+/// ingress and the admin API serving meanwhile.
 pub async fn start(
     config: &Config,
     role: Role,
@@ -228,31 +258,8 @@ pub async fn start(
         ingress_addr = Some(addr);
     }
 
-    let mut breaker_config = config.breaker.clone();
-    // One knob for the pool size: the breaker's maximum is the workers'.
-    breaker_config.max_concurrency = config.workers.max_concurrency;
-    let controller = Controller::new(breaker_config, config.workers.max_concurrency as usize)?;
-    let mut workers = None;
-    if role != Role::Ingress {
-        let sink = breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
-        tracing::info!(sink = %crate::config::redact_url(&config.sink.url), "sink ready");
-        tasks.push(tokio::spawn(Arc::clone(&controller).run(
-            Arc::clone(&queue),
-            Arc::clone(&sink),
-            stop_rx.clone(),
-        )));
-        workers = Some(Workers::start(
-            Arc::clone(&queue),
-            sink,
-            Arc::clone(&controller),
-            worker_settings(config),
-        ));
-        tracing::info!(
-            max_concurrency = config.workers.max_concurrency,
-            "workers started"
-        );
-    }
-
+    // Every listener is bound before any worker starts: a port clash stops
+    // the service before it claims anything.
     let admin_listener = bind("admin", config.admin.listen).await?;
     let admin_addr = admin_listener
         .local_addr()
@@ -261,6 +268,13 @@ pub async fn start(
             addr: config.admin.listen,
             error,
         })?;
+
+    let mut breaker_config = config.breaker.clone();
+    // One knob for the pool size: the breaker's maximum is the workers'.
+    breaker_config.max_concurrency = config.workers.max_concurrency;
+    let controller = Controller::new(breaker_config, config.workers.max_concurrency as usize)?;
+    let parked = (role != Role::Ingress).then(ParkedKeys::default);
+
     if let Some(metrics) = &metrics {
         tasks.push(spawn_metrics_upkeep(metrics.clone(), stop_rx.clone()));
     }
@@ -269,7 +283,7 @@ pub async fn start(
         queue: Arc::clone(&queue),
         token: config.admin.token.clone(),
         controller: Arc::clone(&controller),
-        parked: workers.as_ref().map(|w| Arc::clone(&w.parked)),
+        parked: parked.clone(),
     };
     tasks.push(spawn_server(
         admin_listener,
@@ -277,6 +291,30 @@ pub async fn start(
         stop_rx.clone(),
     ));
     tracing::info!(addr = %admin_addr, "admin listening: /metrics /queue/stats /breaker");
+
+    let mut workers = None;
+    if let Some(parked) = parked {
+        // With the ingress in this process, a database that does not answer
+        // must not keep it from taking webhooks: they wait in the queue.
+        let sink = connect_sink(config, role == Role::All).await?;
+        tracing::info!(sink = %crate::config::redact_url(&config.sink.url), "sink ready");
+        tasks.push(tokio::spawn(Arc::clone(&controller).run(
+            Arc::clone(&queue),
+            Arc::clone(&sink),
+            stop_rx.clone(),
+        )));
+        workers = Some(Workers::start_sharing(
+            Arc::clone(&queue),
+            sink,
+            Arc::clone(&controller),
+            worker_settings(config),
+            parked,
+        ));
+        tracing::info!(
+            max_concurrency = config.workers.max_concurrency,
+            "workers started"
+        );
+    }
 
     Ok(Running {
         ingress_addr,

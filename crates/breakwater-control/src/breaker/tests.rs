@@ -350,7 +350,7 @@ fn unanswered_probe_times_out_as_failed() {
     assert_eq!((t.from, t.to), (State::HalfOpen, State::Open));
     assert_eq!(
         t.reason.to_string(),
-        "half-open probe unanswered after 30.0 s in half-open"
+        "half-open probe unanswered after 30.0 s"
     );
     // The late answer of that probe changes nothing.
     let late =

@@ -8,8 +8,12 @@
 //! the configured SQL rather than in the message; it is still classified
 //! permanent (`sql`), so a broken statement dead-letters messages instead of
 //! tripping the breaker: operators replay them from the DLQ after fixing
-//! the config. Unknown codes default to *dependency*: retrying an unknown
-//! error is safer than dropping the message into the DLQ.
+//! the config; so is the rest of class 55 but the lock timeout and "object
+//! in use". Errors raised by triggers and routines (classes P0, 09, 27, 38,
+//! 39) and limits a message's data passes (54, e.g. an index row too
+//! large) are permanent too. Unknown codes default to *dependency*:
+//! retrying an unknown error is safer than dropping the message into the
+//! DLQ.
 
 use std::error::Error as _;
 
@@ -31,17 +35,28 @@ pub(crate) fn classify_sqlstate(code: &str) -> (FailureClass, &'static str) {
         TOO_MANY_CONNECTIONS => return (Dependency, "too_many_connections"),
         ADMIN_SHUTDOWN | CRASH_SHUTDOWN | CANNOT_CONNECT_NOW => return (Dependency, "connection"),
         IDLE_IN_TRANSACTION_SESSION_TIMEOUT => return (Dependency, "connection"),
+        // Not a lock kind: the worker parks a key only on lock trouble.
+        OBJECT_IN_USE => return (Dependency, "object_in_use"),
         _ => {}
     }
     match code.get(..2).unwrap_or("") {
         CLASS_CONNECTION_EXCEPTION | CLASS_OPERATOR_INTERVENTION => (Dependency, "connection"),
-        CLASS_INTEGRITY_CONSTRAINT_VIOLATION => (Permanent, "constraint"),
-        CLASS_DATA_EXCEPTION | CLASS_CARDINALITY_VIOLATION => (Permanent, "data"),
-        CLASS_SYNTAX_OR_ACCESS | CLASS_FEATURE_NOT_SUPPORTED => (Permanent, "sql"),
-        CLASS_PLPGSQL_ERROR => (Permanent, "raised"),
+        CLASS_INTEGRITY_CONSTRAINT_VIOLATION | CLASS_WITH_CHECK_OPTION => (Permanent, "constraint"),
+        CLASS_DATA_EXCEPTION | CLASS_CARDINALITY_VIOLATION | CLASS_PROGRAM_LIMIT_EXCEEDED => {
+            (Permanent, "data")
+        }
+        // The rest of class 55 (e.g. 55000, an UPDATE on a published table
+        // without a replica identity) fails the same way every time.
+        CLASS_SYNTAX_OR_ACCESS
+        | CLASS_FEATURE_NOT_SUPPORTED
+        | CLASS_OBJECT_NOT_IN_PREREQUISITE_STATE => (Permanent, "sql"),
+        CLASS_PLPGSQL_ERROR
+        | CLASS_TRIGGERED_ACTION
+        | CLASS_TRIGGERED_DATA_CHANGE
+        | CLASS_EXTERNAL_ROUTINE
+        | CLASS_EXTERNAL_ROUTINE_INVOCATION => (Permanent, "raised"),
         CLASS_TRANSACTION_ROLLBACK => (Dependency, "serialization"),
         CLASS_INSUFFICIENT_RESOURCES | CLASS_SYSTEM_ERROR => (Dependency, "resources"),
-        CLASS_OBJECT_NOT_IN_PREREQUISITE_STATE => (Dependency, "lock_timeout"),
         _ => (Dependency, "database"),
     }
 }
@@ -178,6 +193,15 @@ mod tests {
             ("42703", Permanent, "sql"),
             ("42601", Permanent, "sql"),
             ("P0001", Permanent, "raised"),
+            ("09000", Permanent, "raised"),
+            ("27000", Permanent, "raised"),
+            ("38001", Permanent, "raised"),
+            ("39P01", Permanent, "raised"),
+            ("44000", Permanent, "constraint"),
+            ("54000", Permanent, "data"),
+            ("55000", Permanent, "sql"),
+            ("55P04", Permanent, "sql"),
+            ("55006", Dependency, "object_in_use"),
             ("53100", Dependency, "resources"),
             ("XX000", Dependency, "database"),
         ];

@@ -105,10 +105,15 @@ impl PgSink {
             .build()
             .map_err(|e| SinkSetupError::Connect(e.to_string()))?;
 
-        let client = pool
-            .get()
-            .await
-            .map_err(|e| SinkSetupError::Connect(classify_pool(e).message))?;
+        let client = pool.get().await.map_err(|e| {
+            let e = classify_pool(e);
+            match e.kind {
+                "connection" | "pool_timeout" | "too_many_connections" => {
+                    SinkSetupError::Unreachable(e.message)
+                }
+                _ => SinkSetupError::Connect(e.message),
+            }
+        })?;
         if let Err(e) = client.batch_execute(MIGRATION).await {
             // The session may be inside the migration's transaction.
             drop(Object::take(client));

@@ -171,8 +171,19 @@ impl Workers {
         controller: Arc<Controller>,
         settings: WorkerSettings,
     ) -> Self {
+        Self::start_sharing(queue, sink, controller, settings, ParkedKeys::default())
+    }
+
+    /// Starts the dispatcher, recording parked keys in `parked` (which the
+    /// admin API may already be showing).
+    pub fn start_sharing(
+        queue: Arc<dyn Queue>,
+        sink: Arc<dyn Sink>,
+        controller: Arc<Controller>,
+        settings: WorkerSettings,
+        parked: ParkedKeys,
+    ) -> Self {
         let (stop, stop_rx) = watch::channel(false);
-        let parked = ParkedKeys::default();
         let dispatcher = Dispatcher {
             queue,
             sink,

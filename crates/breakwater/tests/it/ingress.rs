@@ -227,3 +227,32 @@ async fn health_and_readiness() {
     let metrics = http.get(&server.admin_url("/metrics")).await;
     assert_eq!(metrics.status, StatusCode::OK);
 }
+
+/// `serve` with ingress and workers, its database refusing connections:
+/// the ingress still takes webhooks into the queue, and the log says the
+/// workers wait for the database.
+#[tokio::test]
+async fn ingress_takes_webhooks_while_the_sink_does_not_answer() {
+    // Port 1 on loopback: nothing listens, every connection is refused.
+    let sandbox = Sandbox::new("[sink]\nurl = \"postgres://breakwater@127.0.0.1:1/nowhere\"\n");
+    let server = sandbox.start();
+    let http = Http::default();
+    let body = stripe_event("evt_db_down", "7");
+    let a = http
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(&body, unix_now()),
+            body,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    assert_eq!(visible(&http, &server).await, 1);
+    let warned = std::iter::from_fn(|| {
+        server
+            .log
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .ok()
+    })
+    .any(|line| line.contains("does not answer"));
+    assert!(warned, "no warning that the sink does not answer");
+}
