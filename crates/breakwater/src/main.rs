@@ -529,6 +529,6 @@ mod tests {
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("10 parsecs").is_err());
         let err = parse_duration("100000000000000000000000").unwrap_err();
-        assert!(err.contains("cannot wait"), "{err}");
+        assert!(err.contains("not a duration Breakwater can wait"), "{err}");
     }
 }
