@@ -33,7 +33,7 @@ use tokio_postgres::{Config, NoTls};
 use self::classify::{classify, classify_pool};
 use crate::settings::{SinkSettings, millis};
 use crate::statement::{Bound, Compiled, CompiledStatement, ParamValue, bind};
-use crate::{Applied, Event, LockSnapshot, Sink, SinkError, SinkSetupError};
+use crate::{Applied, Event, FailureClass, LockSnapshot, Sink, SinkError, SinkSetupError};
 
 const MIGRATION: &str = "\
 BEGIN;
@@ -105,25 +105,20 @@ impl PgSink {
             .build()
             .map_err(|e| SinkSetupError::Connect(e.to_string()))?;
 
-        let client = pool.get().await.map_err(|e| {
-            let e = classify_pool(e);
-            match e.kind {
-                "connection" | "pool_timeout" | "too_many_connections" => {
-                    SinkSetupError::Unreachable(e.message)
-                }
-                _ => SinkSetupError::Connect(e.message),
-            }
-        })?;
+        let client = pool
+            .get()
+            .await
+            .map_err(|e| setup_error(classify_pool(e), SinkSetupError::Connect))?;
         if let Err(e) = client.batch_execute(MIGRATION).await {
             // The session may be inside the migration's transaction.
             drop(Object::take(client));
-            return Err(SinkSetupError::Migrate(classify(&e).message));
+            return Err(setup_error(classify(&e), SinkSetupError::Migrate));
         }
         let key: Vec<String> = client
             .query_one(INBOX_KEY, &[])
             .await
             .and_then(|row| row.try_get(0))
-            .map_err(|e| SinkSetupError::Migrate(classify(&e).message))?;
+            .map_err(|e| setup_error(classify(&e), SinkSetupError::Migrate))?;
         check_inbox_key(&key)?;
 
         let begin = format!(
@@ -140,7 +135,7 @@ impl PgSink {
         client
             .batch_execute(&begin)
             .await
-            .map_err(|e| SinkSetupError::Connect(classify(&e).message))?;
+            .map_err(|e| setup_error(classify(&e), SinkSetupError::Connect))?;
         let mut sources: Vec<_> = statements.iter().collect();
         sources.sort_by(|a, b| a.0.cmp(b.0));
         for (source, compiled) in sources {
@@ -244,6 +239,16 @@ impl PgSink {
             .await
             .map_err(|e| classify(&e))?;
         Ok(Applied::New)
+    }
+}
+
+/// A setup error: [`SinkSetupError::Unreachable`] when waiting could cure
+/// it (a dependency failure: refused, timed out, shut down, full), else
+/// the error `permanent` makes of its message.
+fn setup_error(e: SinkError, permanent: fn(String) -> SinkSetupError) -> SinkSetupError {
+    match e.class {
+        FailureClass::Dependency => SinkSetupError::Unreachable(e.message),
+        FailureClass::Permanent => permanent(e.message),
     }
 }
 

@@ -235,7 +235,7 @@ async fn health_and_readiness() {
 async fn ingress_takes_webhooks_while_the_sink_does_not_answer() {
     // Port 1 on loopback: nothing listens, every connection is refused.
     let sandbox = Sandbox::new("[sink]\nurl = \"postgres://breakwater@127.0.0.1:1/nowhere\"\n");
-    let server = sandbox.start();
+    let server = sandbox.start_listening();
     let http = Http::default();
     let body = stripe_event("evt_db_down", "7");
     let a = http

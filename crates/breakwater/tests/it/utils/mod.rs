@@ -124,9 +124,16 @@ path = "{}"
         self.dir.path().join("queue").join("queue.db")
     }
 
-    /// Starts `breakwater serve` (ingress and workers) with this sandbox's config.
+    /// Starts `breakwater serve` (ingress and workers) with this sandbox's
+    /// config, and waits for the workers.
     pub fn start(&self) -> Server {
         Server::start(&self.config_path(), "all")
+    }
+
+    /// Starts `breakwater serve` (ingress and workers) and waits only for
+    /// its listeners, not for the workers (which wait for the sink).
+    pub fn start_listening(&self) -> Server {
+        Server::spawn(&self.config_path(), "all", false)
     }
 
     /// Starts only the ingress, so accepted messages stay in the queue.
@@ -151,8 +158,13 @@ fn addr_in(line: &str) -> Option<SocketAddr> {
 }
 
 impl Server {
-    /// Starts the binary and waits until both listeners are up.
+    /// Starts the binary and waits until both listeners are up and, unless
+    /// the role is `ingress`, the workers have started.
     pub fn start(config: &Path, role: &str) -> Self {
+        Self::spawn(config, role, role != "ingress")
+    }
+
+    fn spawn(config: &Path, role: &str, wait_for_workers: bool) -> Self {
         let mut child = Command::new(binary())
             .args(["serve", "--role", role, "--config"])
             .arg(config)
@@ -172,9 +184,10 @@ impl Server {
             }
         });
         let (mut ingress, mut admin) = (None, None);
+        let mut workers = !wait_for_workers;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut seen = Vec::new();
-        while ingress.is_none() || admin.is_none() {
+        while ingress.is_none() || admin.is_none() || !workers {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
                 let _ = child.kill();
@@ -189,6 +202,8 @@ impl Server {
                 ingress = addr_in(&line);
             } else if line.contains("admin listening") {
                 admin = addr_in(&line);
+            } else if line.contains("workers started") {
+                workers = true;
             }
         }
         Self {
