@@ -470,7 +470,7 @@ async fn lock_snapshot_sees_the_waiter_and_survives_a_full_pool() {
 }
 
 #[tokio::test]
-async fn unreachable_database_is_a_connection_failure() {
+async fn unreachable_database_is_a_failure_worth_retrying_and_a_bad_url_is_not() {
     let mut settings = SinkSettings::new("postgres://postgres@127.0.0.1:1/test");
     settings.acquire_timeout = Duration::from_millis(500);
     let started = Instant::now();
@@ -478,9 +478,16 @@ async fn unreachable_database_is_a_connection_failure() {
         Err(e) => e,
         Ok(_) => panic!("connected to a closed port"),
     };
-    assert!(matches!(err, SinkSetupError::Connect(_)), "{err}");
+    assert!(matches!(err, SinkSetupError::Unreachable(_)), "{err}");
     assert!(err.to_string().to_lowercase().contains("refused"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(2));
+
+    let bad = SinkSettings::new("postgres://postgres@127.0.0.1:5432/test?no_such_option=1");
+    let err = match connect(&bad, &BTreeMap::new()).await {
+        Err(e) => e,
+        Ok(_) => panic!("accepted an unknown URL option"),
+    };
+    assert!(matches!(err, SinkSetupError::Connect(_)), "{err}");
 }
 
 /// A TCP proxy to PostgreSQL that can be cut.
