@@ -103,17 +103,21 @@ async fn apply_guarded(
     {
         Ok(result) => result,
         Err(_) => {
+            // A panic is a bug that this message's data reached: the same
+            // message would reach it again. So it is poison, not database
+            // trouble: dead-lettered with its reason (replay it once the bug
+            // is fixed), and never counted against the database.
             let m = &job.delivery.message;
             tracing::error!(source = %m.source, event_id = %m.event_id,
-                "the sink panicked while applying; the message will be retried");
+                "the sink panicked while applying; the message goes to the DLQ");
             controller.record(
                 Outcome {
-                    class: OutcomeClass::Dependency,
+                    class: OutcomeClass::Permanent,
                     latency: Duration::ZERO,
                 },
                 job.probe,
             );
-            Err(SinkError::dependency(
+            Err(SinkError::permanent(
                 "panic",
                 "the sink panicked while applying this message",
             ))
@@ -554,7 +558,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_panicking_sink_does_not_leak_the_message_or_its_lane() {
+    async fn a_panicking_sink_dead_letters_the_message_and_spares_the_breaker() {
         let dir = tempfile::tempdir().expect("tempdir");
         let queue = Arc::new(
             EmbeddedQueue::open(&QueueConfig {
@@ -586,29 +590,29 @@ mod tests {
             retry_in_place: false,
         };
         let queue_dyn: Arc<dyn Queue> = queue.clone();
-        let workers = Workers::start(queue_dyn, Arc::new(PanickingSink), controller, settings);
-        // Both messages of the key keep being tried: the lane is freed after
-        // each panic and neither waits out its 60 s lease.
+        let workers = Workers::start(
+            queue_dyn,
+            Arc::new(PanickingSink),
+            Arc::clone(&controller),
+            settings,
+        );
+        // Both messages of the key reach the DLQ: the lane is freed after
+        // the first panic, and neither waits out its 60 s lease.
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut attempts = 0;
-        while Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let mut all = queue
-                .claim(10, Duration::from_millis(1))
-                .await
-                .expect("claim");
-            attempts = all.iter().map(|d| d.message.attempts).min().unwrap_or(0);
-            for d in all.drain(..) {
-                let _ = queue.release(&d.receipt, Duration::ZERO).await;
-            }
-            if attempts >= 2 {
-                break;
-            }
+        let mut dead = Vec::new();
+        while Instant::now() < deadline && dead.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            dead = queue.dead_letters(10).await.expect("dead letters");
         }
         workers.shutdown().await;
-        assert!(
-            attempts >= 2,
-            "both messages retried after panics, got {attempts}"
-        );
+        assert_eq!(dead.len(), 2, "both dead-lettered: {dead:?}");
+        for d in &dead {
+            assert_eq!(d.class, "permanent");
+            assert!(d.error.contains("panic"), "{}", d.error);
+            assert_eq!(d.attempts, 1, "dead-lettered on the first panic");
+        }
+        let status = controller.status();
+        assert_eq!(status.state, breakwater_control::State::Closed);
+        assert!(status.history.is_empty(), "{:?}", status.history);
     }
 }
