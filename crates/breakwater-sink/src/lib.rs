@@ -33,7 +33,7 @@ mod settings;
 mod sqlite;
 mod statement;
 
-pub use settings::SinkSettings;
+pub use settings::{SinkSettings, redact_url};
 
 /// One webhook to apply.
 #[derive(Debug, Clone, Copy)]
@@ -225,9 +225,7 @@ pub async fn connect(
             sqlite::SqliteSink::open(settings, compiled).await?,
         ))
     } else {
-        Err(SinkSetupError::UnsupportedUrl(settings::redact_password(
-            url,
-        )))
+        Err(SinkSetupError::UnsupportedUrl(settings::redact_url(url)))
     }
 }
 

@@ -77,7 +77,7 @@ impl Default for SinkSettings {
 impl fmt::Debug for SinkSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SinkSettings")
-            .field("url", &redact_password(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("lock_timeout", &self.lock_timeout)
             .field("statement_timeout", &self.statement_timeout)
             .field(
@@ -90,27 +90,48 @@ impl fmt::Debug for SinkSettings {
     }
 }
 
-/// `scheme://user:secret@host` -> `scheme://user:***@host`.
-pub(crate) fn redact_password(url: &str) -> String {
+/// `url` with its password, if any, replaced by `<redacted>`: the one in
+/// the user info (everything after the first `:` up to the last `@` before
+/// the query, so a password holding `@` or `/` is hidden whole) and a
+/// `password=` query parameter (libpq reads one there too).
+pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
+    let (head, query) = match url.find('?') {
+        Some(q) if q > scheme_end => (&url[..q], Some(&url[q + 1..])),
+        _ => (url, None),
     };
-    let userinfo = &authority[..at];
-    match userinfo.find(':') {
-        Some(colon) => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &userinfo[..colon],
-            &rest[at..]
-        ),
-        None => url.to_owned(),
+    let mut out = String::with_capacity(url.len());
+    let after_scheme = scheme_end + 3;
+    match head[after_scheme..].rfind('@').map(|at| after_scheme + at) {
+        Some(at) => {
+            let userinfo = &head[after_scheme..at];
+            match userinfo.find(':') {
+                Some(colon) => {
+                    out.push_str(&head[..after_scheme + colon]);
+                    out.push_str(":<redacted>");
+                    out.push_str(&head[at..]);
+                }
+                None => out.push_str(head),
+            }
+        }
+        None => out.push_str(head),
     }
+    if let Some(query) = query {
+        out.push('?');
+        let params: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                    format!("{key}=<redacted>")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        out.push_str(&params.join("&"));
+    }
+    out
 }
 
 /// Whole milliseconds, at least 1, as PostgreSQL settings take them.
@@ -144,11 +165,23 @@ mod tests {
         let s = SinkSettings::new("postgres://bw:hunter2@db:5432/app");
         let shown = format!("{s:?}");
         assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("postgres://bw:***@db:5432/app"), "{shown}");
-        assert_eq!(redact_password("sqlite://data/x.db"), "sqlite://data/x.db");
+        assert!(
+            shown.contains("postgres://bw:<redacted>@db:5432/app"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn every_place_a_password_can_be_is_redacted() {
+        assert_eq!(redact_url("sqlite://data/x.db"), "sqlite://data/x.db");
+        assert_eq!(redact_url("postgres://bw@db/app"), "postgres://bw@db/app");
         assert_eq!(
-            redact_password("postgres://bw@db/app"),
-            "postgres://bw@db/app"
+            redact_url("postgres://bw:p@ss/w0rd@db/app?application_name=a@b"),
+            "postgres://bw:<redacted>@db/app?application_name=a@b"
+        );
+        assert_eq!(
+            redact_url("postgres://bw@db/app?sslmode=require&password=hunter2"),
+            "postgres://bw@db/app?sslmode=require&password=<redacted>"
         );
     }
 }

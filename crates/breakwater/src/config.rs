@@ -570,19 +570,8 @@ fn parse_env_value(raw: &str) -> toml::Value {
     }
 }
 
-/// Hides the password of a `scheme://user:password@host/...` URL.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((userinfo, host)) = rest.split_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}"),
-        None => url.to_owned(),
-    }
-}
+/// `url` with any password redacted (see [`breakwater_sink::redact_url`]).
+pub use breakwater_sink::redact_url;
 
 #[cfg(test)]
 mod tests {
