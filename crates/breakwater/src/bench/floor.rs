@@ -167,12 +167,7 @@ impl Queue for FloorQueue {
                 headers_json,
                 reply,
             })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => QueueError::Full {
-                    pending: self.ops.max_capacity(),
-                },
-                mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
-            })?;
+            .map_err(|e| QueueError::not_taken(&e, self.ops.max_capacity()))?;
         answer.await.map_err(|_| QueueError::Closed)?
     }
 

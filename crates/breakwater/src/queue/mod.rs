@@ -140,6 +140,17 @@ pub enum QueueError {
     Storage(String),
 }
 
+impl QueueError {
+    /// Why a writer thread's channel (of `capacity`) did not take an
+    /// operation: full (the caller should retry) or closed.
+    pub fn not_taken<T>(e: &tokio::sync::mpsc::error::TrySendError<T>, capacity: usize) -> Self {
+        match e {
+            tokio::sync::mpsc::error::TrySendError::Full(_) => Self::Full { pending: capacity },
+            tokio::sync::mpsc::error::TrySendError::Closed(_) => Self::Closed,
+        }
+    }
+}
+
 /// The operations workers, the ingress and the CLI need of a queue backend.
 #[async_trait]
 pub trait Queue: Send + Sync + 'static {

@@ -91,12 +91,6 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
     let some = acknowledged.iter().next().expect("one").clone();
     let order: usize = some.trim_start_matches("evt_crash_").parse().expect("n");
     let body = stripe_event(&some, &format!("{}", order % 50));
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body,
-        )
-        .await;
+    let a = post_stripe(&http, &server, body).await;
     assert_eq!(a.status, StatusCode::OK);
 }

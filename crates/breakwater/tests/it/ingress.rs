@@ -19,25 +19,13 @@ async fn stripe_accepted_then_duplicate() {
     let server = sandbox.start_ingress();
     let http = Http::default();
     let body = stripe_event("evt_1", "1042");
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body.clone(),
-        )
-        .await;
+    let a = post_stripe(&http, &server, body.clone()).await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
     assert_eq!(a.json()["status"], "accepted");
     assert_eq!(a.json()["event_id"], "evt_1");
     assert_eq!(visible(&http, &server).await, 1);
 
-    let again = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body,
-        )
-        .await;
+    let again = post_stripe(&http, &server, body).await;
     assert_eq!(again.status, StatusCode::OK);
     assert_eq!(again.json()["status"], "duplicate");
     assert_eq!(again.json()["id"], a.json()["id"]);
@@ -187,26 +175,14 @@ async fn queue_that_cannot_commit_answers_503_with_retry_after() {
         .execute_batch("BEGIN EXCLUSIVE; INSERT INTO counters VALUES ('blocker', 1);")
         .expect("lock");
     let body = stripe_event("evt_503", "1");
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body.clone(),
-        )
-        .await;
+    let a = post_stripe(&http, &server, body.clone()).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
     assert_eq!(a.json()["error"], "unavailable");
     assert!(a.headers.contains_key(http::header::RETRY_AFTER));
     blocker.execute_batch("ROLLBACK").expect("unlock");
 
     // Once the store is free again, the issuer's retry is accepted.
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body,
-        )
-        .await;
+    let a = post_stripe(&http, &server, body).await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
     assert_eq!(visible(&http, &server).await, 1);
 }
@@ -238,13 +214,7 @@ async fn ingress_takes_webhooks_while_the_sink_does_not_answer() {
     let server = sandbox.start_listening();
     let http = Http::default();
     let body = stripe_event("evt_db_down", "7");
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body,
-        )
-        .await;
+    let a = post_stripe(&http, &server, body).await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
     assert_eq!(visible(&http, &server).await, 1);
     let warned = std::iter::from_fn(|| {

@@ -65,13 +65,7 @@ async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: 
         "data": {"object": {"id": order, "status": status}}
     }))
     .expect("json");
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body,
-        )
-        .await;
+    let a = post_stripe(http, server, body).await;
     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
 }
 
@@ -337,13 +331,7 @@ async fn duplicate_delivery_is_applied_once() {
         "id": "evt_dup", "data": {"object": {"id": 7, "status": "paid"}}
     }))
     .expect("json");
-    let a = http
-        .post(
-            &server.url("/webhooks/stripe"),
-            &stripe_headers(&body, unix_now()),
-            body,
-        )
-        .await;
+    let a = post_stripe(&http, &server, body).await;
     assert_eq!(a.status, StatusCode::OK);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(applied_counts(&db).await.get(&7), Some(&1));

@@ -194,12 +194,7 @@ impl Queue for EmbeddedQueue {
         let (tx, rx) = oneshot::channel();
         self.ops
             .try_send(Op::Enqueue(Box::new(Incoming::new(message)), tx))
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => QueueError::Full {
-                    pending: self.ops.max_capacity(),
-                },
-                mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
-            })?;
+            .map_err(|e| QueueError::not_taken(&e, self.ops.max_capacity()))?;
         rx.await.map_err(|_| QueueError::Closed)?
     }
 
