@@ -24,11 +24,13 @@
 //!
 //! Retries are the queue's delayed visibility, never a sleep holding a
 //! connection. Shutdown stops claiming, lets running applies finish (up to
-//! [`SHUTDOWN_GRACE`]) and releases what waits in the lanes.
+//! [`SHUTDOWN_GRACE`], then aborts them and releases their messages) and
+//! releases what waits in the lanes.
 
 pub mod controller;
 pub mod lanes;
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,8 +48,13 @@ use self::lanes::{Admit, LaneOutcome, LaneSettings, Lanes, ParkedKey};
 use crate::queue::{DeadLetterReason, Delivery, Queue, Receipt};
 use crate::telemetry;
 
-/// Longest wait for running applies at shutdown.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+/// Longest wait for running applies at shutdown; those still running then
+/// are aborted and their messages released.
+pub const SHUTDOWN_GRACE: Duration = if cfg!(test) {
+    Duration::from_secs(1)
+} else {
+    Duration::from_secs(20)
+};
 /// Pause when the queue has nothing visible.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Delay of a message that could not be a probe (its key busy or parked,
@@ -195,6 +202,7 @@ impl Workers {
             lanes: Lanes::new(settings.lanes),
             settings,
             running: JoinSet::new(),
+            receipts: HashMap::new(),
             settling: JoinSet::new(),
             rng: SmallRng::from_os_rng(),
             parked: Arc::clone(&parked),
@@ -217,6 +225,9 @@ struct Dispatcher {
     settings: WorkerSettings,
     lanes: Lanes<Job>,
     running: JoinSet<Done>,
+    /// The receipt of each running apply, to hand its message back should
+    /// the task end without settling it (aborted at shutdown, or panicked).
+    receipts: HashMap<tokio::task::Id, Receipt>,
     settling: JoinSet<()>,
     rng: SmallRng,
     parked: ParkedKeys,
@@ -325,7 +336,8 @@ impl Dispatcher {
             .settings
             .retry_in_place
             .then_some((self.settings.max_attempts, self.settings.backoff));
-        self.running.spawn(async move {
+        let receipt = job.delivery.receipt.clone();
+        let task = self.running.spawn(async move {
             loop {
                 let result = apply_guarded(sink.as_ref(), &controller, &job).await;
                 // The naive habit: retry here, holding the worker.
@@ -341,17 +353,32 @@ impl Dispatcher {
                 return Done { job, result };
             }
         });
+        self.receipts.insert(task.id(), receipt);
+    }
+
+    /// Settles an apply task's end: its outcome, or, when the task ended
+    /// without one, its message handed back at once.
+    fn joined(&mut self, joined: Result<(tokio::task::Id, Done), tokio::task::JoinError>) {
+        match joined {
+            Ok((id, done)) => {
+                self.receipts.remove(&id);
+                self.settle(done);
+            }
+            Err(e) => {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "an apply task panicked; its message is released");
+                }
+                if let Some(receipt) = self.receipts.remove(&e.id()) {
+                    self.release(receipt, Duration::ZERO);
+                }
+            }
+        }
     }
 
     /// Settles every finished apply without waiting.
     fn reap(&mut self) {
-        while let Some(done) = self.running.try_join_next() {
-            match done {
-                Ok(done) => self.settle(done),
-                Err(e) => {
-                    tracing::error!(error = %e, "an apply task panicked; its lease will expire")
-                }
-            }
+        while let Some(joined) = self.running.try_join_next_with_id() {
+            self.joined(joined);
         }
         while self.settling.try_join_next().is_some() {}
     }
@@ -495,11 +522,8 @@ impl Dispatcher {
     async fn wait(&mut self, stop: &mut watch::Receiver<bool>, timeout: Duration) {
         let controller = Arc::clone(&self.controller);
         tokio::select! {
-            Some(done) = self.running.join_next(), if !self.running.is_empty() => {
-                match done {
-                    Ok(done) => self.settle(done),
-                    Err(e) => tracing::error!(error = %e, "an apply task panicked"),
-                }
+            Some(joined) = self.running.join_next_with_id(), if !self.running.is_empty() => {
+                self.joined(joined);
             }
             () = controller.changed() => {}
             () = tokio::time::sleep(timeout) => {}
@@ -516,16 +540,19 @@ impl Dispatcher {
         self.release_held(Duration::ZERO);
         let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
         while !self.running.is_empty() {
-            match tokio::time::timeout_at(deadline, self.running.join_next()).await {
-                Ok(Some(Ok(done))) => self.settle(done),
-                Ok(Some(Err(e))) => tracing::error!(error = %e, "an apply task panicked"),
+            match tokio::time::timeout_at(deadline, self.running.join_next_with_id()).await {
+                Ok(Some(joined)) => self.joined(joined),
                 Ok(None) => break,
                 Err(_) => {
                     tracing::warn!(
                         left = self.running.len(),
-                        "applies still running at the end of the grace period; their leases will expire"
+                        "applies still running at the end of the grace period: aborted, their \
+                         messages released (an aborted transaction rolls back)"
                     );
                     self.running.abort_all();
+                    while let Some(joined) = self.running.join_next_with_id().await {
+                        self.joined(joined);
+                    }
                     break;
                 }
             }
@@ -555,6 +582,68 @@ mod tests {
         fn pool_usage(&self) -> (usize, usize) {
             (0, 1)
         }
+    }
+
+    /// A sink whose apply never ends (a hung database, at the unit level).
+    struct HangingSink;
+
+    #[async_trait::async_trait]
+    impl Sink for HangingSink {
+        async fn apply(&self, _event: &Event<'_>) -> Result<Applied, SinkError> {
+            std::future::pending().await
+        }
+        fn pool_usage(&self) -> (usize, usize) {
+            (1, 1)
+        }
+    }
+
+    #[tokio::test]
+    async fn shutdown_releases_the_message_of_an_apply_it_aborts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let queue = Arc::new(
+            EmbeddedQueue::open(&QueueConfig {
+                path: dir.path().to_owned(),
+                ..QueueConfig::default()
+            })
+            .expect("queue"),
+        );
+        queue
+            .enqueue(NewMessage {
+                source: "s".into(),
+                event_id: "hung".into(),
+                entity_key: None,
+                headers: Vec::new(),
+                body: bytes::Bytes::from_static(b"{}"),
+                received_at_ms: crate::ingress::unix_now_ms(),
+            })
+            .await
+            .expect("enqueue");
+        let controller = Controller::new(BreakerConfig::default(), 1).expect("controller");
+        let settings = WorkerSettings {
+            max_concurrency: 1,
+            max_attempts: 3,
+            backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
+            lease: Duration::from_secs(600),
+            lanes: LaneSettings::default(),
+            retry_in_place: false,
+        };
+        let queue_dyn: Arc<dyn Queue> = queue.clone();
+        let workers = Workers::start(queue_dyn, Arc::new(HangingSink), controller, settings);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while queue.stats().await.expect("stats").in_flight == 0 {
+            assert!(Instant::now() < deadline, "the message was never claimed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        workers.shutdown().await;
+        // Visible again at once, not after its 10-minute lease.
+        let stats = queue.stats().await.expect("stats");
+        assert_eq!((stats.visible, stats.in_flight), (1, 0), "{stats:?}");
+        let again = queue.claim(1, Duration::from_secs(1)).await.expect("claim");
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            again[0].message.attempts, 0,
+            "released, not counted as a failure"
+        );
     }
 
     #[tokio::test]
