@@ -8,8 +8,10 @@
 //!    the line and column of the offending key (unknown keys are rejected by
 //!    `deny_unknown_fields` on every table);
 //! 2. `BREAKWATER_<SECTION>_<KEY>` variables are applied on top of the parsed
-//!    table and the result is deserialized again; an error there names the
-//!    variable.
+//!    table one at a time, each read as TOML and, should the config refuse
+//!    that, as a plain string (a numeric-looking token stays a string); an
+//!    error there names the variable and never its value. A variable that
+//!    names no section is ignored with a warning.
 //!
 //! Then [`Config::validate`] checks what the types cannot (timeouts that must
 //! be ordered, duplicate source names, secrets that resolve to nothing).
@@ -24,6 +26,10 @@ use serde::{Deserialize, Serialize};
 
 /// Prefix of every environment override.
 pub const ENV_PREFIX: &str = "BREAKWATER_";
+
+/// Variables under [`ENV_PREFIX`] that are not config overrides (and
+/// `BREAKWATER_TEST_*`, the test suite's).
+const NOT_CONFIG: &[&str] = &["BREAKWATER_CONFIG", "BREAKWATER_CHART_FONT"];
 
 /// Sections that environment variables may override.
 const ENV_SECTIONS: &[&str] = &["ingress", "admin", "queue", "sink", "workers", "breaker"];
@@ -367,9 +373,9 @@ impl Config {
         };
         // Pass 1: the file alone, for errors with line numbers.
         let mut config: Config = toml::from_str(text).map_err(parse_err)?;
-        // Pass 2: environment overrides on top of the file's table.
+        // Pass 2: environment overrides on top of the file's table, one at
+        // a time, so an error names its variable.
         let mut table: toml::Table = toml::from_str(text).map_err(parse_err)?;
-        let mut overridden = false;
         for (var, value) in env {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                 continue;
@@ -379,27 +385,25 @@ impl Config {
                 continue;
             };
             if !ENV_SECTIONS.contains(&section) {
+                if !NOT_CONFIG.contains(&var.as_str()) && !var.starts_with("BREAKWATER_TEST_") {
+                    tracing::warn!(
+                    %var,
+                    sections = ?ENV_SECTIONS,
+                        "ignored: names no config section (BREAKWATER_<SECTION>_<KEY>)"
+                    );
+                }
                 continue;
             }
-            let entry = table
-                .entry(section.to_owned())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            let toml::Value::Table(section_table) = entry else {
+            if section == "breaker" && key == "max_concurrency" {
                 return Err(ConfigError::Env {
                     var,
-                    message: format!("[{section}] is not a table in the file"),
+                    message: "the breaker's maximum is the workers' pool: set \
+                              BREAKWATER_WORKERS_MAX_CONCURRENCY"
+                        .to_owned(),
                 });
-            };
-            section_table.insert(key.to_owned(), parse_env_value(&value));
-            overridden = true;
-        }
-        if overridden {
-            config = toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Env {
-                    var: "BREAKWATER_*".to_owned(),
-                    message: e.to_string().trim_end().to_owned(),
-                })?;
+            }
+            config = apply_env(&mut table, section, key, &value)
+                .map_err(|message| ConfigError::Env { var, message })?;
         }
         config.validate()?;
         Ok(config)
@@ -558,6 +562,61 @@ impl Config {
     }
 }
 
+/// Sets `[section] key` in `table` from an environment value and reads the
+/// whole table again. The value is read as TOML first (`20`, `true`,
+/// `["a","b"]`) and, should the config refuse that, as the string it is (a
+/// token `123456` stays a string). The error message never repeats the
+/// value: it may be a secret.
+fn apply_env(
+    table: &mut toml::Table,
+    section: &str,
+    key: &str,
+    raw: &str,
+) -> Result<Config, String> {
+    let mut last = String::new();
+    for value in [parse_env_value(raw), toml::Value::String(raw.to_owned())] {
+        let toml::Value::Table(section_table) = table
+            .entry(section.to_owned())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        else {
+            return Err(format!("[{section}] is not a table in the file"));
+        };
+        section_table.insert(key.to_owned(), value);
+        match toml::Value::Table(table.clone()).try_into::<Config>() {
+            Ok(config) => return Ok(config),
+            Err(e) => last = e.message().to_owned(),
+        }
+    }
+    // serde names the key and the expected type; a quoted value would be
+    // the secret itself.
+    let message = if last.starts_with("invalid") {
+        hide_quoted(&last)
+    } else {
+        last
+    };
+    Err(format!("{section}.{key}: {message}"))
+}
+
+/// `text` with every quoted part (between backticks or double quotes)
+/// replaced by "(value not shown)".
+fn hide_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '`' || c == '"' {
+            out.push_str("(value not shown)");
+            for inner in chars.by_ref() {
+                if inner == c {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Reads an environment value as a TOML value when it parses as one
 /// (`20`, `true`, `["a","b"]`), else as a string.
 fn parse_env_value(raw: &str) -> toml::Value {
@@ -619,6 +678,35 @@ mod tests {
             .expect("valid");
         assert_eq!(c.sink.pool_max, 7);
         assert_eq!(c.ingress.listen.port(), 9999);
+    }
+
+    #[test]
+    fn env_values_keep_their_type_name_their_variable_and_hide_their_value() {
+        let load = |var: &str, value: &str| {
+            let env = vec![(var.to_owned(), value.to_owned())];
+            Config::from_toml_with_env("", Path::new("t"), env)
+        };
+        // A token that looks like a number stays a string.
+        let c = load("BREAKWATER_ADMIN_TOKEN", "123456").expect("valid");
+        assert_eq!(c.admin.token.as_deref(), Some("123456"));
+        // A value of the wrong type names the variable, not the value.
+        let err = load("BREAKWATER_SINK_POOL_MAX", "s3cr3t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("BREAKWATER_SINK_POOL_MAX"), "{err}");
+        assert!(err.contains("sink.pool_max"), "{err}");
+        assert!(!err.contains("s3cr3t"), "{err}");
+        // The breaker's maximum is not a knob of its own.
+        let err = load("BREAKWATER_BREAKER_MAX_CONCURRENCY", "5")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("BREAKWATER_WORKERS_MAX_CONCURRENCY"), "{err}");
+        // A variable naming no section changes nothing and fails nothing.
+        let c = load("BREAKWATER_WORKER_MAX_CONCURRENCY", "3").expect("ignored");
+        assert_eq!(
+            c.workers.max_concurrency,
+            Config::default().workers.max_concurrency
+        );
     }
 
     #[test]
