@@ -369,7 +369,7 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let parse_err = |e: toml::de::Error| ConfigError::Parse {
             path: origin.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            message: describe_parse_error(text, &e),
         };
         // Pass 1: the file alone, for errors with line numbers.
         let mut config: Config = toml::from_str(text).map_err(parse_err)?;
@@ -597,6 +597,33 @@ fn apply_env(
     Err(format!("{section}.{key}: {message}"))
 }
 
+/// Where and what: "line N, column C (`key`): message". Unlike the
+/// error's own rendering it does not quote the offending line, and it hides
+/// the value in a type error: either may be a secret (`secrets = "whsec_…"`
+/// written as a string, not a list).
+fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end();
+    let message = if message.starts_with("invalid type") || message.starts_with("invalid value") {
+        hide_quoted(message)
+    } else {
+        message.to_owned()
+    };
+    let Some(span) = e.span() else {
+        return message;
+    };
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[..start].matches('\n').count() + 1;
+    let column = text[line_start..start].chars().count() + 1;
+    let line_text = text[line_start..].lines().next().unwrap_or("");
+    match line_text.split_once('=') {
+        Some((key, _)) if !key.trim().is_empty() => {
+            format!("line {line}, column {column} (`{}`): {message}", key.trim())
+        }
+        _ => format!("line {line}, column {column}: {message}"),
+    }
+}
+
 /// `text` with every quoted part (between backticks or double quotes)
 /// replaced by "(value not shown)".
 fn hide_quoted(text: &str) -> String {
@@ -707,6 +734,15 @@ mod tests {
             c.workers.max_concurrency,
             Config::default().workers.max_concurrency
         );
+    }
+
+    #[test]
+    fn a_parse_error_names_key_and_line_but_never_shows_the_value() {
+        let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = \"whsec_topsecret\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(err.contains("secrets"), "{err}");
+        assert!(!err.contains("topsecret"), "{err}");
     }
 
     #[test]
