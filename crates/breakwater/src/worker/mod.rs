@@ -584,6 +584,48 @@ mod tests {
         }
     }
 
+    /// A fresh embedded queue in `dir` holding one message per event id,
+    /// all of entity key `key`.
+    async fn queue_holding(
+        dir: &std::path::Path,
+        event_ids: &[&str],
+        key: Option<&str>,
+    ) -> Arc<EmbeddedQueue> {
+        let queue = Arc::new(
+            EmbeddedQueue::open(&QueueConfig {
+                path: dir.to_owned(),
+                ..QueueConfig::default()
+            })
+            .expect("queue"),
+        );
+        for event_id in event_ids {
+            queue
+                .enqueue(NewMessage {
+                    source: "s".into(),
+                    event_id: (*event_id).into(),
+                    entity_key: key.map(str::to_owned),
+                    headers: Vec::new(),
+                    body: bytes::Bytes::from_static(b"{}"),
+                    received_at_ms: crate::ingress::unix_now_ms(),
+                })
+                .await
+                .expect("enqueue");
+        }
+        queue
+    }
+
+    /// Worker settings with fast backoff and no in-place retries.
+    fn settings(max_concurrency: u32, max_attempts: u32, lease: Duration) -> WorkerSettings {
+        WorkerSettings {
+            max_concurrency,
+            max_attempts,
+            backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
+            lease,
+            lanes: LaneSettings::default(),
+            retry_in_place: false,
+        }
+    }
+
     /// A sink whose apply never ends (a hung database, at the unit level).
     struct HangingSink;
 
@@ -600,33 +642,9 @@ mod tests {
     #[tokio::test]
     async fn shutdown_releases_the_message_of_an_apply_it_aborts() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let queue = Arc::new(
-            EmbeddedQueue::open(&QueueConfig {
-                path: dir.path().to_owned(),
-                ..QueueConfig::default()
-            })
-            .expect("queue"),
-        );
-        queue
-            .enqueue(NewMessage {
-                source: "s".into(),
-                event_id: "hung".into(),
-                entity_key: None,
-                headers: Vec::new(),
-                body: bytes::Bytes::from_static(b"{}"),
-                received_at_ms: crate::ingress::unix_now_ms(),
-            })
-            .await
-            .expect("enqueue");
+        let queue = queue_holding(dir.path(), &["hung"], None).await;
         let controller = Controller::new(BreakerConfig::default(), 1).expect("controller");
-        let settings = WorkerSettings {
-            max_concurrency: 1,
-            max_attempts: 3,
-            backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
-            lease: Duration::from_secs(600),
-            lanes: LaneSettings::default(),
-            retry_in_place: false,
-        };
+        let settings = settings(1, 3, Duration::from_secs(600));
         let queue_dyn: Arc<dyn Queue> = queue.clone();
         let workers = Workers::start(queue_dyn, Arc::new(HangingSink), controller, settings);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -649,35 +667,9 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_sink_dead_letters_the_message_and_spares_the_breaker() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let queue = Arc::new(
-            EmbeddedQueue::open(&QueueConfig {
-                path: dir.path().to_owned(),
-                ..QueueConfig::default()
-            })
-            .expect("queue"),
-        );
-        for event_id in ["a", "b"] {
-            queue
-                .enqueue(NewMessage {
-                    source: "s".into(),
-                    event_id: event_id.into(),
-                    entity_key: Some("k".into()),
-                    headers: Vec::new(),
-                    body: bytes::Bytes::from_static(b"{}"),
-                    received_at_ms: crate::ingress::unix_now_ms(),
-                })
-                .await
-                .expect("enqueue");
-        }
+        let queue = queue_holding(dir.path(), &["a", "b"], Some("k")).await;
         let controller = Controller::new(BreakerConfig::default(), 2).expect("controller");
-        let settings = WorkerSettings {
-            max_concurrency: 2,
-            max_attempts: 100,
-            backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
-            lease: Duration::from_secs(60),
-            lanes: LaneSettings::default(),
-            retry_in_place: false,
-        };
+        let settings = settings(2, 100, Duration::from_secs(60));
         let queue_dyn: Arc<dyn Queue> = queue.clone();
         let workers = Workers::start(
             queue_dyn,
