@@ -91,45 +91,51 @@ impl fmt::Debug for SinkSettings {
 }
 
 /// `url` with its password, if any, replaced by `<redacted>`: the one in
-/// the user info (everything after the first `:` up to the last `@` before
-/// the query, so a password holding `@` or `/` is hidden whole) and a
-/// `password=` query parameter (libpq reads one there too).
+/// the user info and a `password=` query parameter (libpq reads one there
+/// too). The user info ends, as libpq reads it, at the first `@` met before
+/// any `/`, or past that at the last `@` before the next `/`, so a password
+/// holding `?` or `@` is hidden whole.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
-    let (head, query) = match url.find('?') {
-        Some(q) if q > scheme_end => (&url[..q], Some(&url[q + 1..])),
-        _ => (url, None),
-    };
+    let start = scheme_end + 3;
+    let rest = &url[start..];
     let mut out = String::with_capacity(url.len());
-    let after_scheme = scheme_end + 3;
-    match head[after_scheme..].rfind('@').map(|at| after_scheme + at) {
-        Some(at) => {
-            let userinfo = &head[after_scheme..at];
-            match userinfo.find(':') {
-                Some(colon) => {
-                    out.push_str(&head[..after_scheme + colon]);
-                    out.push_str(":<redacted>");
-                    out.push_str(&head[at..]);
-                }
-                None => out.push_str(head),
+    let mut tail = rest;
+    out.push_str(&url[..start]);
+    if let Some(first) = rest
+        .find(['@', '/'])
+        .filter(|&i| rest[i..].starts_with('@'))
+    {
+        let authority_end = rest[first..].find('/').map_or(rest.len(), |i| first + i);
+        let at = rest[..authority_end].rfind('@').unwrap_or(first);
+        let userinfo = &rest[..at];
+        match userinfo.find(':') {
+            Some(colon) => {
+                out.push_str(&userinfo[..colon]);
+                out.push_str(":<redacted>");
             }
+            None => out.push_str(userinfo),
         }
-        None => out.push_str(head),
+        tail = &rest[at..];
     }
-    if let Some(query) = query {
-        out.push('?');
-        let params: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some((key, _)) if key.eq_ignore_ascii_case("password") => {
-                    format!("{key}=<redacted>")
-                }
-                _ => pair.to_owned(),
-            })
-            .collect();
-        out.push_str(&params.join("&"));
+    match tail.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            let params: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                        format!("{key}=<redacted>")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(tail),
     }
     out
 }
@@ -176,8 +182,12 @@ mod tests {
         assert_eq!(redact_url("sqlite://data/x.db"), "sqlite://data/x.db");
         assert_eq!(redact_url("postgres://bw@db/app"), "postgres://bw@db/app");
         assert_eq!(
-            redact_url("postgres://bw:p@ss/w0rd@db/app?application_name=a@b"),
-            "postgres://bw:<redacted>@db/app?application_name=a@b"
+            redact_url("postgres://bw:p@s?s@db:5432/app?application_name=a@b"),
+            "postgres://bw:<redacted>@db:5432/app?application_name=a@b"
+        );
+        assert_eq!(
+            redact_url("postgres://db/app?application_name=a:b@c"),
+            "postgres://db/app?application_name=a:b@c"
         );
         assert_eq!(
             redact_url("postgres://bw@db/app?sslmode=require&password=hunter2"),

@@ -27,9 +27,10 @@ use serde::{Deserialize, Serialize};
 /// Prefix of every environment override.
 pub const ENV_PREFIX: &str = "BREAKWATER_";
 
-/// Variables under [`ENV_PREFIX`] that are not config overrides (and
-/// `BREAKWATER_TEST_*`, the test suite's).
-const NOT_CONFIG: &[&str] = &["BREAKWATER_CONFIG", "BREAKWATER_CHART_FONT"];
+/// Variables under [`ENV_PREFIX`] of the form `<WORD>_<WORD>` that are not
+/// config overrides (and `BREAKWATER_TEST_*`, the test suite's).
+/// `BREAKWATER_CONFIG` has no second word and never reaches the check.
+const NOT_CONFIG: &[&str] = &["BREAKWATER_CHART_FONT"];
 
 /// Sections that environment variables may override.
 const ENV_SECTIONS: &[&str] = &["ingress", "admin", "queue", "sink", "workers", "breaker"];
@@ -394,14 +395,6 @@ impl Config {
                 }
                 continue;
             }
-            if section == "breaker" && key == "max_concurrency" {
-                return Err(ConfigError::Env {
-                    var,
-                    message: "the breaker's maximum is the workers' pool: set \
-                              BREAKWATER_WORKERS_MAX_CONCURRENCY"
-                        .to_owned(),
-                });
-            }
             config = apply_env(&mut table, section, key, &value)
                 .map_err(|message| ConfigError::Env { var, message })?;
         }
@@ -435,6 +428,17 @@ impl Config {
             return Err(ConfigError::invalid(
                 "workers.max_attempts",
                 "must be at least 1",
+            ));
+        }
+        // `serve` sets the breaker's maximum to the pool's size; a value of
+        // its own would be silently replaced.
+        if self.breaker.max_concurrency
+            != breakwater_control::BreakerConfig::default().max_concurrency
+        {
+            return Err(ConfigError::invalid(
+                "breaker.max_concurrency",
+                "the breaker's maximum is the workers' pool: set workers.max_concurrency \
+                 (BREAKWATER_WORKERS_MAX_CONCURRENCY) instead",
             ));
         }
         self.breaker.validate().map_err(|e| match e {
@@ -587,14 +591,7 @@ fn apply_env(
             Err(e) => last = e.message().to_owned(),
         }
     }
-    // serde names the key and the expected type; a quoted value would be
-    // the secret itself.
-    let message = if last.starts_with("invalid") {
-        hide_quoted(&last)
-    } else {
-        last
-    };
-    Err(format!("{section}.{key}: {message}"))
+    Err(format!("{section}.{key}: {}", hide_values(&last)))
 }
 
 /// Where and what: "line N, column C (`key`): message". Unlike the
@@ -602,12 +599,7 @@ fn apply_env(
 /// the value in a type error: either may be a secret (`secrets = "whsec_…"`
 /// written as a string, not a list).
 fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().trim_end();
-    let message = if message.starts_with("invalid type") || message.starts_with("invalid value") {
-        hide_quoted(message)
-    } else {
-        message.to_owned()
-    };
+    let message = hide_values(e.message().trim_end());
     let Some(span) = e.span() else {
         return message;
     };
@@ -621,6 +613,18 @@ fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
             format!("line {line}, column {column} (`{}`): {message}", key.trim())
         }
         _ => format!("line {line}, column {column}: {message}"),
+    }
+}
+
+/// A deserialization message with the value it quotes hidden: serde quotes
+/// the offending value in "invalid type", "invalid value", "invalid
+/// length" and "unknown variant" messages, and it may be a secret. Other
+/// messages quote keys ("unknown field"), which stay.
+fn hide_values(message: &str) -> String {
+    if message.starts_with("invalid") || message.starts_with("unknown variant") {
+        hide_quoted(message)
+    } else {
+        message.to_owned()
     }
 }
 
@@ -723,11 +727,16 @@ mod tests {
         assert!(err.contains("BREAKWATER_SINK_POOL_MAX"), "{err}");
         assert!(err.contains("sink.pool_max"), "{err}");
         assert!(!err.contains("s3cr3t"), "{err}");
-        // The breaker's maximum is not a knob of its own.
+        // The breaker's maximum is not a knob of its own, in the
+        // environment as in the file.
         let err = load("BREAKWATER_BREAKER_MAX_CONCURRENCY", "5")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("BREAKWATER_WORKERS_MAX_CONCURRENCY"), "{err}");
+        assert!(err.contains("workers.max_concurrency"), "{err}");
+        let err = parse("[breaker]\nmax_concurrency = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("breaker.max_concurrency"), "{err}");
         // A variable naming no section changes nothing and fails nothing.
         let c = load("BREAKWATER_WORKER_MAX_CONCURRENCY", "3").expect("ignored");
         assert_eq!(

@@ -178,15 +178,31 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // Info for the service; for the other commands warnings only (a
+    // config variable that names no section, a slow group commit in
+    // `bench ingress`), their output being their report.
+    init_tracing(if matches!(cli.command, Command::Serve { .. }) {
+        "info"
+    } else {
+        "warn"
+    });
     match cli.command {
         Command::Serve { role } => {
-            init_tracing("info");
             let config = load_config(cli.config.as_deref())?;
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
                 .context("cannot install the metrics recorder")?;
             runtime()?.block_on(async {
-                let running = serve::start(&config, role, Some(metrics)).await?;
+                // Raced against a signal: with `--role all`, `start` waits
+                // for a database that does not answer (the ingress serving
+                // meanwhile), and a stop asked for then is a stop.
+                let running = tokio::select! {
+                    running = serve::start(&config, role, Some(metrics)) => running?,
+                    () = shutdown_signal() => {
+                        tracing::info!("stopped before the workers started");
+                        return Ok(());
+                    }
+                };
                 shutdown_signal().await;
                 tracing::info!("shutting down");
                 running.shutdown().await;
@@ -242,9 +258,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Ingress(args),
         } => {
-            // Warnings only (more with `RUST_LOG`): the queue's "slow group
-            // commit" says when the writer stalled, and for how long.
-            init_tracing("warn");
             // The service's own metrics say where phase 2's time went.
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()

@@ -1,8 +1,10 @@
 //! `breakwater serve`: wires config, sources, queue, listeners (and, with
 //! the worker role, the workers) into one running process.
 //!
-//! [`start`] binds every listener before it returns (so a caller knows the
-//! addresses, port 0 included) and runs the servers as tasks;
+//! [`start`] binds every listener before it starts any worker (so a caller
+//! knows the addresses, port 0 included, and a port clash stops everything)
+//! and runs the servers as tasks; with the role `all` it returns only once
+//! the sink answers, the ingress and admin API serving meanwhile;
 //! [`Running::shutdown`] stops accepting, lets in-flight requests finish and
 //! waits for the tasks.
 
@@ -303,7 +305,7 @@ pub async fn start(
             Arc::clone(&sink),
             stop_rx.clone(),
         )));
-        workers = Some(Workers::start_sharing(
+        workers = Some(Workers::start(
             Arc::clone(&queue),
             sink,
             Arc::clone(&controller),

@@ -243,12 +243,16 @@ impl PgSink {
 }
 
 /// A setup error: [`SinkSetupError::Unreachable`] when waiting could cure
-/// it (a dependency failure: refused, timed out, shut down, full), else
-/// the error `permanent` makes of its message.
+/// it (the server refused, dropped or timed out the connection, is
+/// starting up, shutting down or full), else the error `permanent` makes of
+/// its message: a refused password (28P01) or a missing database (3D000)
+/// will not cure itself.
 fn setup_error(e: SinkError, permanent: fn(String) -> SinkSetupError) -> SinkSetupError {
-    match e.class {
-        FailureClass::Dependency => SinkSetupError::Unreachable(e.message),
-        FailureClass::Permanent => permanent(e.message),
+    match (e.class, e.kind) {
+        (FailureClass::Dependency, "connection" | "pool_timeout" | "too_many_connections") => {
+            SinkSetupError::Unreachable(e.message)
+        }
+        _ => permanent(e.message),
     }
 }
 

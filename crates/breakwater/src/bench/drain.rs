@@ -205,6 +205,7 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
         sink,
         controller,
         serve::worker_settings(&config),
+        crate::worker::ParkedKeys::default(),
     );
     let target = args.messages as u64;
     loop {

@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::QueueConfig;
-use crate::queue::embedded::writer::{LINGER, LINGER_BELOW};
+use crate::queue::embedded::writer::{LINGER, LINGER_BELOW, drain, headers_json};
 use crate::queue::{Delivery, Enqueued, NewMessage, Queue, QueueError, QueueStats, Receipt};
 
 type Reply = oneshot::Sender<Result<Enqueued, QueueError>>;
@@ -97,20 +97,12 @@ fn append_loop(file: std::fs::File, mut rx: mpsc::Receiver<Pending>, max_group: 
     let mut bytes: Vec<u8> = Vec::new();
     let mut next_id: u64 = 0;
     let mut end: u64 = 0;
-    let drain = |rx: &mut mpsc::Receiver<Pending>, group: &mut Vec<Pending>| {
-        while group.len() < max_group {
-            match rx.try_recv() {
-                Ok(p) => group.push(p),
-                Err(_) => break,
-            }
-        }
-    };
     while let Some(first) = rx.blocking_recv() {
         group.push(first);
-        drain(&mut rx, &mut group);
+        drain(&mut rx, &mut group, max_group);
         if group.len() < LINGER_BELOW {
             std::thread::sleep(LINGER);
-            drain(&mut rx, &mut group);
+            drain(&mut rx, &mut group, max_group);
         }
         bytes.clear();
         for p in &group {
@@ -158,8 +150,7 @@ fn not_a_backend() -> QueueError {
 #[async_trait]
 impl Queue for FloorQueue {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
-        let headers_json = serde_json::to_string(&message.headers)
-            .map_err(|e| QueueError::Storage(format!("cannot serialize the headers: {e}")))?;
+        let headers_json = headers_json(&message);
         let (reply, answer) = oneshot::channel();
         self.ops
             .try_send(Pending {

@@ -47,6 +47,9 @@ pub use self::report::{LabReport, ModeReport, Sample};
 use crate::config::{BackoffJitter, Config, QueueConfig, StatementConfig};
 use crate::serve::{self, Role};
 
+/// Longest wait for the pipeline to start (for the database to answer).
+const LAB_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The faults the lab can inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -274,8 +277,16 @@ async fn run_mode_in(
     );
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
     let config = mode_config(mode, sink_url, queue_dir.clone());
-    let running = serve::start(&config, Role::All, None)
+    // `start` waits for a database that does not answer; the lab has
+    // nothing to show without one.
+    let running = tokio::time::timeout(LAB_START_LIMIT, serve::start(&config, Role::All, None))
         .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "the database did not answer within {} s",
+                LAB_START_LIMIT.as_secs()
+            )
+        })?
         .context("cannot start the pipeline")?;
     let ingress = running.ingress_addr.context("no ingress")?;
 

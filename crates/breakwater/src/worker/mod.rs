@@ -96,9 +96,9 @@ struct Done {
     result: Result<Applied, SinkError>,
 }
 
-/// [`apply_once`], turning a panic in the sink into a dependency failure,
-/// so the message is settled (retried), its lane slot freed and a probe
-/// answered, instead of all three waiting for the lease to run out.
+/// [`apply_once`], turning a panic in the sink into a permanent failure,
+/// so the message is settled (dead-lettered), its lane slot freed and a
+/// probe answered, instead of all three waiting for the lease to run out.
 async fn apply_guarded(
     sink: &dyn Sink,
     controller: &Controller,
@@ -171,23 +171,12 @@ pub type ParkedKeys = Arc<Mutex<Vec<ParkedKey>>>;
 pub struct Workers {
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
-    pub parked: ParkedKeys,
 }
 
 impl Workers {
-    /// Starts the dispatcher.
-    pub fn start(
-        queue: Arc<dyn Queue>,
-        sink: Arc<dyn Sink>,
-        controller: Arc<Controller>,
-        settings: WorkerSettings,
-    ) -> Self {
-        Self::start_sharing(queue, sink, controller, settings, ParkedKeys::default())
-    }
-
     /// Starts the dispatcher, recording parked keys in `parked` (which the
     /// admin API may already be showing).
-    pub fn start_sharing(
+    pub fn start(
         queue: Arc<dyn Queue>,
         sink: Arc<dyn Sink>,
         controller: Arc<Controller>,
@@ -208,7 +197,7 @@ impl Workers {
             parked: Arc::clone(&parked),
         };
         let task = tokio::spawn(dispatcher.run(stop_rx));
-        Self { stop, task, parked }
+        Self { stop, task }
     }
 
     /// Stops claiming, finishes or releases everything, and waits.
@@ -646,7 +635,13 @@ mod tests {
         let controller = Controller::new(BreakerConfig::default(), 1).expect("controller");
         let settings = settings(1, 3, Duration::from_secs(600));
         let queue_dyn: Arc<dyn Queue> = queue.clone();
-        let workers = Workers::start(queue_dyn, Arc::new(HangingSink), controller, settings);
+        let workers = Workers::start(
+            queue_dyn,
+            Arc::new(HangingSink),
+            controller,
+            settings,
+            ParkedKeys::default(),
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         while queue.stats().await.expect("stats").in_flight == 0 {
             assert!(Instant::now() < deadline, "the message was never claimed");
@@ -676,6 +671,7 @@ mod tests {
             Arc::new(PanickingSink),
             Arc::clone(&controller),
             settings,
+            ParkedKeys::default(),
         );
         // Both messages of the key reach the DLQ: the lane is freed after
         // the first panic, and neither waits out its 60 s lease.

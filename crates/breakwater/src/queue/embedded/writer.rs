@@ -39,12 +39,16 @@ impl Incoming {
     pub(crate) fn new(message: NewMessage) -> Self {
         Self {
             queued_at: Instant::now(),
-            headers_json: serde_json::to_string(&message.headers)
-                .unwrap_or_else(|_| "[]".to_owned()),
+            headers_json: headers_json(&message),
             dedup_key: dedup::key(&message.source, &message.event_id),
             message,
         }
     }
+}
+
+/// A message's headers as the store keeps them: a JSON array of pairs.
+pub(crate) fn headers_json(message: &NewMessage) -> String {
+    serde_json::to_string(&message.headers).unwrap_or_else(|_| "[]".to_owned())
 }
 
 /// A mutation for the writer thread.
@@ -161,7 +165,9 @@ pub(crate) const LINGER_BELOW: usize = 32;
 /// commit on average against about 35), and the rate did not move.
 pub(crate) const LINGER: Duration = Duration::from_micros(100);
 
-fn drain(rx: &mut mpsc::Receiver<Op>, batch: &mut Vec<Op>, max: usize) {
+/// Moves what has queued on `rx` into `batch`, up to `max` in all, without
+/// waiting.
+pub(crate) fn drain<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max: usize) {
     while batch.len() < max {
         match rx.try_recv() {
             Ok(op) => batch.push(op),

@@ -355,7 +355,6 @@ pub fn stripe_headers(body: &[u8], at: i64) -> Vec<(HeaderName, HeaderValue)> {
     h
 }
 
-/// Queue counts from the admin API.
 /// POSTs `body` to the server's Stripe source, signed now.
 pub async fn post_stripe(http: &Http, server: &Server, body: Vec<u8>) -> Answer {
     let headers = stripe_headers(&body, unix_now());
@@ -363,6 +362,7 @@ pub async fn post_stripe(http: &Http, server: &Server, body: Vec<u8>) -> Answer 
         .await
 }
 
+/// Queue counts from the admin API.
 pub async fn queue_stats(http: &Http, server: &Server) -> serde_json::Value {
     http.get(&server.admin_url("/queue/stats")).await.json()
 }
