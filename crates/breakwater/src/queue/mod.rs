@@ -14,6 +14,8 @@
 //!   [`QueueError::LeaseLost`] and changes nothing.
 //! - `retry_later` counts a failed attempt; `release` does not (the breaker
 //!   opened: the message never ran).
+//! - `extend_leases` keeps the claims a worker still holds from running
+//!   out.
 //! - `pause`/`resume` exist for push-style brokers (RabbitMQ, Kafka); pull
 //!   backends simply stop claiming.
 //!
@@ -173,6 +175,20 @@ pub trait Queue: Send + Sync + 'static {
     }
     /// The message was applied: remove it.
     async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError>;
+    /// Claims still being worked on (applying, or held behind their key):
+    /// push each lease out to `lease` from now, so none runs out and is
+    /// handed to a second worker meanwhile (SQS: ChangeMessageVisibility;
+    /// JetStream: an in-progress ack). Returns how many were extended; a
+    /// lease already lost stays lost. A backend without leases has nothing
+    /// to extend.
+    async fn extend_leases(
+        &self,
+        receipts: &[Receipt],
+        lease: Duration,
+    ) -> Result<usize, QueueError> {
+        let _ = lease;
+        Ok(receipts.len())
+    }
     /// The attempt failed: make it visible again after `delay`, counting an attempt.
     async fn retry_later(
         &self,

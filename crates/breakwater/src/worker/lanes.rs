@@ -141,6 +141,11 @@ impl<T> Lanes<T> {
         self.held
     }
 
+    /// The messages waiting in memory, in no particular order.
+    pub fn held_items(&self) -> impl Iterator<Item = &T> {
+        self.waiting.values().flatten()
+    }
+
     /// Whether a message of `key` would run now (not parked, lane free).
     pub fn can_run(&self, key: Option<&str>, now: Instant) -> bool {
         let Some(key) = key.filter(|_| self.settings.per_key > 0) else {

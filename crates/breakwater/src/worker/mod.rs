@@ -225,11 +225,16 @@ struct Dispatcher {
 impl Dispatcher {
     async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut last_park_publish = Instant::now();
+        let mut last_extend = Instant::now();
         while !*stop.borrow() {
             self.reap();
             if last_park_publish.elapsed() > Duration::from_millis(250) {
                 last_park_publish = Instant::now();
                 self.publish_parks();
+            }
+            if last_extend.elapsed() >= self.settings.lease / 3 {
+                last_extend = Instant::now();
+                self.extend_leases();
             }
             let gate = self.controller.gate();
             if !gate.may_poll {
@@ -498,6 +503,38 @@ impl Dispatcher {
         }
     }
 
+    /// Pushes out the lease of every message this dispatcher holds, applying
+    /// or waiting behind its key, a third of a lease at a time: a message
+    /// held longer than its lease (a slow key's backlog) is not handed to
+    /// another worker meanwhile.
+    fn extend_leases(&mut self) {
+        let receipts: Vec<Receipt> = self
+            .receipts
+            .values()
+            .cloned()
+            .chain(
+                self.lanes
+                    .held_items()
+                    .map(|job| job.delivery.receipt.clone()),
+            )
+            .collect();
+        if receipts.is_empty() {
+            return;
+        }
+        let queue = Arc::clone(&self.queue);
+        let lease = self.settings.lease;
+        self.settling.spawn(async move {
+            match queue.extend_leases(&receipts, lease).await {
+                Ok(n) if n < receipts.len() => tracing::warn!(
+                    lost = receipts.len() - n,
+                    "leases ran out before they were extended; those messages may run twice"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "extending leases failed"),
+            }
+        });
+    }
+
     fn publish_parks(&mut self) {
         let now = Instant::now();
         self.lanes.forget_old_parks(now);
@@ -657,6 +694,30 @@ mod tests {
             again[0].message.attempts, 0,
             "released, not counted as a failure"
         );
+    }
+
+    #[tokio::test]
+    async fn a_claim_held_longer_than_its_lease_keeps_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let queue = queue_holding(dir.path(), &["slow"], None).await;
+        let controller = Controller::new(BreakerConfig::default(), 1).expect("controller");
+        let lease = Duration::from_millis(300);
+        let queue_dyn: Arc<dyn Queue> = queue.clone();
+        let workers = Workers::start(
+            queue_dyn,
+            Arc::new(HangingSink),
+            controller,
+            settings(1, 3, lease),
+            ParkedKeys::default(),
+        );
+        // Four leases long: without extensions it would be visible again
+        // (and claimed by the next claim) after the first.
+        tokio::time::sleep(lease * 4).await;
+        let stats = queue.stats().await.expect("stats");
+        assert_eq!((stats.visible, stats.in_flight), (0, 1), "{stats:?}");
+        let second = queue.claim(1, lease).await.expect("claim");
+        assert!(second.is_empty(), "claimed twice: {second:?}");
+        workers.shutdown().await;
     }
 
     #[tokio::test]

@@ -246,6 +246,21 @@ impl Queue for EmbeddedQueue {
         .await
     }
 
+    async fn extend_leases(
+        &self,
+        receipts: &[Receipt],
+        lease: Duration,
+    ) -> Result<usize, QueueError> {
+        let leases: Vec<(i64, i64)> = receipts.iter().map(embedded_receipt).collect();
+        let lease_ms = millis(lease);
+        self.call(|reply| Op::Extend {
+            leases,
+            lease_ms,
+            reply,
+        })
+        .await
+    }
+
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), QueueError> {
         let (id, lease) = embedded_receipt(receipt);
         self.call(|reply| Op::Unclaim {
@@ -316,6 +331,48 @@ mod tests {
     }
 
     const LEASE: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn extending_keeps_a_live_lease_and_leaves_a_lost_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        q.enqueue(msg("e1", None)).await.expect("enqueue");
+        q.enqueue(msg("e2", None)).await.expect("enqueue");
+        let short = Duration::from_millis(200);
+        let first = q.claim(2, short).await.expect("claim");
+        assert_eq!(first.len(), 2);
+        // e2's lease runs out and it is claimed again under a new lease.
+        tokio::time::sleep(short * 2).await;
+        let e1 = first
+            .iter()
+            .find(|d| d.message.event_id == "e1")
+            .expect("e1");
+        let e2 = first
+            .iter()
+            .find(|d| d.message.event_id == "e2")
+            .expect("e2");
+        let again = q.claim(1, LEASE).await.expect("claim");
+        assert_eq!(again.len(), 1);
+        let lost = if again[0].message.event_id == "e2" {
+            e2
+        } else {
+            e1
+        };
+        let live = if lost.message.event_id == "e2" {
+            e1
+        } else {
+            e2
+        };
+        // The live claim's lease had run out too, unclaimed: it is pushed out.
+        let receipts = [live.receipt.clone(), lost.receipt.clone()];
+        assert_eq!(q.extend_leases(&receipts, LEASE).await.expect("extend"), 1);
+        tokio::time::sleep(short * 2).await;
+        assert!(
+            q.claim(2, LEASE).await.expect("claim").is_empty(),
+            "both held"
+        );
+        assert_eq!(q.stats().await.expect("stats").in_flight, 2);
+    }
 
     #[tokio::test]
     async fn enqueue_claim_ack_and_dedup() {

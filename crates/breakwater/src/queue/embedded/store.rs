@@ -270,6 +270,24 @@ pub(crate) enum Acked {
     Deleted(Forgotten),
 }
 
+/// Pushes the lease of each `(id, lease)` still held out to `until_ms`;
+/// returns how many were. A lease that ran out and was claimed again, or a
+/// message settled meanwhile, is left alone.
+pub(crate) fn extend(
+    tx: &Transaction<'_>,
+    leases: &[(i64, i64)],
+    until_ms: i64,
+) -> rusqlite::Result<usize> {
+    let mut update = tx.prepare_cached(
+        "UPDATE messages SET visible_at = ?3 WHERE id = ?1 AND lease = ?2 AND state = 0",
+    )?;
+    let mut extended = 0;
+    for (id, lease) in leases {
+        extended += update.execute(params![id, lease, until_ms])?;
+    }
+    Ok(extended)
+}
+
 /// Makes a claimed message visible again at `visible_at`; `counts` adds a
 /// failed attempt (retry) or gives back the receive (release).
 pub(crate) fn unclaim(

@@ -66,6 +66,12 @@ pub(crate) enum Op {
         lease: i64,
         reply: Reply<()>,
     },
+    /// Push these leases out (claims still being worked on).
+    Extend {
+        leases: Vec<(i64, i64)>,
+        lease_ms: i64,
+        reply: Reply<usize>,
+    },
     /// Retry (with an error, counts an attempt) or release (without).
     Unclaim {
         id: i64,
@@ -392,6 +398,17 @@ fn run_op(
             tally.acked += u64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
+        Op::Extend {
+            leases,
+            lease_ms,
+            reply,
+        } => {
+            let extended = attempt!(
+                reply,
+                store::extend(tx, &leases, now.saturating_add(lease_ms))
+            );
+            finish(reply, Ok(extended))
+        }
         Op::Unclaim {
             id,
             lease,
@@ -450,6 +467,7 @@ fn abandon(op: Op) -> Finish {
     match op {
         Op::Enqueue(_, reply) => finish(reply, Err(QueueError::Closed)),
         Op::Claim { reply, .. } => finish(reply, Err(QueueError::Closed)),
+        Op::Extend { reply, .. } => finish(reply, Err(QueueError::Closed)),
         Op::Ack { reply, .. } | Op::Unclaim { reply, .. } | Op::DeadLetter { reply, .. } => {
             finish(reply, Err(QueueError::Closed))
         }
