@@ -55,6 +55,9 @@ pub const SHUTDOWN_GRACE: Duration = if cfg!(test) {
 } else {
     Duration::from_secs(20)
 };
+/// Lease extensions go out every third of a lease, but no more often than
+/// this.
+const EXTEND_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// Pause when the queue has nothing visible.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Delay of a message that could not be a probe (its key busy or parked,
@@ -216,7 +219,7 @@ struct Dispatcher {
     running: JoinSet<Done>,
     /// The receipt of each running apply, to hand its message back should
     /// the task end without settling it (aborted at shutdown, or panicked).
-    receipts: HashMap<tokio::task::Id, Receipt>,
+    receipts: HashMap<tokio::task::Id, (Receipt, Option<String>)>,
     settling: JoinSet<()>,
     rng: SmallRng,
     parked: ParkedKeys,
@@ -232,7 +235,7 @@ impl Dispatcher {
                 last_park_publish = Instant::now();
                 self.publish_parks();
             }
-            if last_extend.elapsed() >= self.settings.lease / 3 {
+            if last_extend.elapsed() >= (self.settings.lease / 3).max(EXTEND_AT_MOST_EVERY) {
                 last_extend = Instant::now();
                 self.extend_leases();
             }
@@ -330,7 +333,7 @@ impl Dispatcher {
             .settings
             .retry_in_place
             .then_some((self.settings.max_attempts, self.settings.backoff));
-        let receipt = job.delivery.receipt.clone();
+        let held = (job.delivery.receipt.clone(), job.key().map(str::to_owned));
         let task = self.running.spawn(async move {
             loop {
                 let result = apply_guarded(sink.as_ref(), &controller, &job).await;
@@ -347,7 +350,7 @@ impl Dispatcher {
                 return Done { job, result };
             }
         });
-        self.receipts.insert(task.id(), receipt);
+        self.receipts.insert(task.id(), held);
     }
 
     /// Settles an apply task's end: its outcome, or, when the task ended
@@ -362,8 +365,21 @@ impl Dispatcher {
                 if e.is_panic() {
                     tracing::error!(error = %e, "an apply task panicked; its message is released");
                 }
-                if let Some(receipt) = self.receipts.remove(&e.id()) {
+                if let Some((receipt, key)) = self.receipts.remove(&e.id()) {
                     self.release(receipt, Duration::ZERO);
+                    // Its lane is freed and what waited behind it goes back
+                    // too: nothing new starts from here, which may be the
+                    // shutdown (a probe it held times out in the breaker).
+                    let next =
+                        self.lanes
+                            .finish(key.as_deref(), LaneOutcome::Other, Instant::now());
+                    for job in next.run {
+                        self.lanes.unstart(job.key());
+                        self.release(job.delivery.receipt, Duration::ZERO);
+                    }
+                    for (job, delay) in next.release {
+                        self.release(job.delivery.receipt, delay);
+                    }
                 }
             }
         }
@@ -450,6 +466,15 @@ impl Dispatcher {
                 }
             }
         }
+        self.start_next(next);
+    }
+
+    /// Starts (or, with the gate closed, releases) what a lane let go, and
+    /// releases what it handed back.
+    fn start_next(&mut self, next: lanes::Next<Job>) {
+        let count = |outcome: &'static str| {
+            metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => outcome).increment(1);
+        };
         let gate_open = self.controller.gate().may_poll;
         for job in next.run {
             if gate_open {
@@ -511,7 +536,7 @@ impl Dispatcher {
         let receipts: Vec<Receipt> = self
             .receipts
             .values()
-            .cloned()
+            .map(|(receipt, _)| receipt.clone())
             .chain(
                 self.lanes
                     .held_items()
@@ -525,9 +550,12 @@ impl Dispatcher {
         let lease = self.settings.lease;
         self.settling.spawn(async move {
             match queue.extend_leases(&receipts, lease).await {
-                Ok(n) if n < receipts.len() => tracing::warn!(
-                    lost = receipts.len() - n,
-                    "leases ran out before they were extended; those messages may run twice"
+                // Most are settled meanwhile (an ack can reach the writer
+                // first); a lease that ran out and was claimed again is
+                // the rare other case.
+                Ok(n) if n < receipts.len() => tracing::debug!(
+                    not_extended = receipts.len() - n,
+                    "leases not extended: settled meanwhile, or lost"
                 ),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "extending leases failed"),
