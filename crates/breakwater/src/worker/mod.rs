@@ -23,9 +23,11 @@
 //! ```
 //!
 //! Retries are the queue's delayed visibility, never a sleep holding a
-//! connection. Shutdown stops claiming, lets running applies finish (up to
-//! [`SHUTDOWN_GRACE`], then aborts them and releases their messages) and
-//! releases what waits in the lanes.
+//! connection. Every third of a lease the dispatcher extends the leases of
+//! what it holds (applying, or waiting in a lane), so a slow key's backlog
+//! is never handed to a second worker. Shutdown stops claiming, lets
+//! running applies finish (up to [`SHUTDOWN_GRACE`], then aborts them and
+//! releases their messages) and releases what waits in the lanes.
 
 pub mod controller;
 pub mod lanes;
@@ -373,13 +375,7 @@ impl Dispatcher {
                     let next =
                         self.lanes
                             .finish(key.as_deref(), LaneOutcome::Other, Instant::now());
-                    for job in next.run {
-                        self.lanes.unstart(job.key());
-                        self.release(job.delivery.receipt, Duration::ZERO);
-                    }
-                    for (job, delay) in next.release {
-                        self.release(job.delivery.receipt, delay);
-                    }
+                    self.start_next(next, false);
                 }
             }
         }
@@ -466,22 +462,23 @@ impl Dispatcher {
                 }
             }
         }
-        self.start_next(next);
+        let may_start = self.controller.gate().may_poll;
+        self.start_next(next, may_start);
     }
 
-    /// Starts (or, with the gate closed, releases) what a lane let go, and
-    /// releases what it handed back.
-    fn start_next(&mut self, next: lanes::Next<Job>) {
+    /// Starts what a lane let go (with `may_start`; else frees the lane
+    /// and releases it untried), and releases what the lane handed back.
+    fn start_next(&mut self, next: lanes::Next<Job>, may_start: bool) {
         let count = |outcome: &'static str| {
             metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => outcome).increment(1);
         };
-        let gate_open = self.controller.gate().may_poll;
         for job in next.run {
-            if gate_open {
+            if may_start {
                 self.spawn_apply(job);
             } else {
                 // The next message of the key must not start against a
-                // database the breaker is protecting; the lane is freed.
+                // database the breaker is protecting (or at all, when its
+                // predecessor ended without an outcome); the lane is freed.
                 self.lanes.unstart(job.key());
                 count("released");
                 self.release(job.delivery.receipt, Duration::ZERO);
