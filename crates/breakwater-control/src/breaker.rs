@@ -49,6 +49,11 @@
 //! in-flight/throughput signal only when fully closed (throttled throughput is
 //! not a collapse). Entering half-open and entering the ramp clear the outcome
 //! and DLQ windows, so the evidence that opened the breaker cannot re-open it.
+//! The ramp is a probation: there the failure ratio judges from the first
+//! call instead of waiting for `min_calls`, so a dependency failure early in
+//! the ramp re-opens the breaker even at a trickle of traffic (where
+//! `min_calls` in a 10 s window would leave it blind below 2 calls/s), and
+//! later ones do once they pass the threshold of the ramp's calls so far.
 //! When several signals trip at once, the reason names the first in the order
 //! of [`crate::SignalKind`]; `status` shows them all.
 //!
@@ -86,7 +91,7 @@ use crate::ramp;
 use crate::reason::{Reason, State, Transition};
 use crate::signals::db_locks::DbLockSignal;
 use crate::signals::heartbeats::{Heartbeat, LockWaitSignal};
-use crate::signals::outcomes::{Outcome, OutcomeClass, OutcomeSignals};
+use crate::signals::outcomes::{Evidence, Outcome, OutcomeClass, OutcomeSignals};
 use crate::signals::queue::{QueueSample, QueueSignals};
 use crate::signals::{Reading, SignalKind};
 use crate::status::{
@@ -437,8 +442,13 @@ impl<A: ProbeAdmission> Breaker<A> {
     /// Every signal's current reading, in evaluation order.
     fn readings(&self, now: Instant) -> [Reading; 6] {
         let now_ms = self.ms(now);
+        let evidence = if self.state == State::Ramping {
+            Evidence::AnyCall
+        } else {
+            Evidence::MinCalls
+        };
         [
-            self.outcomes.failure_ratio(now_ms),
+            self.outcomes.failure_ratio(now_ms, evidence),
             self.outcomes.slow_calls(now_ms),
             self.queue.dlq_velocity(now_ms),
             self.queue.in_flight(now_ms, self.closed_since_ms()),

@@ -186,7 +186,8 @@ impl Default for RampConfig {
 
 /// Trips when dependency failures / (successes + dependency failures) is
 /// above `threshold` over `window_secs`, once at least `min_calls` such calls
-/// were seen. Permanent (poison) failures are counted apart and never trip.
+/// were seen (in the ramp, from the first call). Permanent (poison)
+/// failures are counted apart and never trip.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(
     feature = "serde",
@@ -200,7 +201,8 @@ pub struct FailureRatioConfig {
     pub threshold: f64,
     /// Rolling window, seconds.
     pub window_secs: u64,
-    /// No verdict below this many calls in the window.
+    /// No verdict below this many calls in the window (closed and
+    /// half-open; the ramp judges from its first call).
     pub min_calls: u64,
 }
 

@@ -284,6 +284,47 @@ fn failure_in_ramp_reopens_with_a_longer_cool_down() {
 }
 
 #[test]
+fn a_failure_among_the_ramps_first_calls_reopens_at_a_trickle_of_traffic() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    h.probes_succeed();
+    assert_eq!(h.b.state(), State::Ramping);
+    // One call a second: far below the 20 calls the window wants in closed.
+    for _ in 0..3 {
+        h.outcomes(1, Outcome::success(FAST));
+        assert_eq!(h.tick(1_000), None);
+    }
+    h.outcomes(1, Outcome::dependency(FAST));
+    let t = h
+        .tick(1_000)
+        .expect("1 failure in 4 calls re-opens the ramp");
+    assert_eq!((t.from, t.to), (State::Ramping, State::Open));
+    assert!(t.reason.to_string().contains("4 calls"), "{}", t.reason);
+}
+
+#[test]
+fn the_ramp_outlives_a_failure_under_the_threshold_of_its_calls() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    h.probes_succeed();
+    h.outcomes(19, Outcome::success(FAST));
+    h.outcomes(1, Outcome::dependency(FAST));
+    assert_eq!(h.tick(100), None, "1 failure in 20 calls is 5%");
+    assert_eq!(h.b.state(), State::Ramping);
+}
+
+#[test]
+fn closed_still_waits_for_min_calls() {
+    let mut h = H::new(cfg());
+    h.outcomes(3, Outcome::success(FAST));
+    h.outcomes(1, Outcome::dependency(FAST));
+    assert_eq!(h.tick(100), None, "4 calls are below min_calls in closed");
+    assert_eq!(h.b.state(), State::Closed);
+}
+
+#[test]
 fn cool_down_is_capped_and_reset_after_a_full_close() {
     let mut c = cfg();
     c.cool_down.cap_ms = 25_000;

@@ -94,6 +94,19 @@ impl Bucket for Slow {
     }
 }
 
+/// How many calls the failure ratio waits for before it judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Evidence {
+    /// The configured `min_calls`: closed and half-open, where a few
+    /// failures among few calls are noise.
+    MinCalls,
+    /// Any call: the ramp, a probation whose windows started empty, where
+    /// a dependency failure among the first calls re-opens the breaker
+    /// however little traffic there is (DESIGN.md: "a failure in the ramp
+    /// re-opens it").
+    AnyCall,
+}
+
 /// Failure-ratio and slow-call windows.
 #[derive(Debug, Clone)]
 pub(crate) struct OutcomeSignals {
@@ -140,11 +153,17 @@ impl OutcomeSignals {
         self.slow.clear();
     }
 
-    pub(crate) fn failure_ratio(&self, now_ms: u64) -> Reading {
+    /// The failure ratio over the window, judged once the window holds
+    /// the calls `evidence` asks for.
+    pub(crate) fn failure_ratio(&self, now_ms: u64, evidence: Evidence) -> Reading {
         let c = &self.failure_cfg;
         let b = self.failures.sum(now_ms);
         let ratio = ratio(b.failures, b.calls);
-        let judged = b.calls >= c.min_calls && b.calls > 0;
+        let min_calls = match evidence {
+            Evidence::MinCalls => c.min_calls,
+            Evidence::AnyCall => 1,
+        };
+        let judged = b.calls >= min_calls && b.calls > 0;
         let trip = (c.enabled && judged && ratio > c.threshold).then_some(Reason::FailureRatio {
             ratio,
             threshold: c.threshold,
@@ -158,7 +177,7 @@ impl OutcomeSignals {
             threshold: c.threshold,
             detail: format!(
                 "{} dependency failures / {} calls over {} s (min {}); {} permanent apart",
-                b.failures, b.calls, c.window_secs, c.min_calls, b.permanent
+                b.failures, b.calls, c.window_secs, min_calls, b.permanent
             ),
             trip,
         }
@@ -219,10 +238,25 @@ mod tests {
         for _ in 0..19 {
             s.record(Outcome::dependency(FAST), 0);
         }
-        assert!(s.failure_ratio(0).trip.is_none());
-        assert_eq!(s.failure_ratio(0).value, None);
+        assert!(s.failure_ratio(0, Evidence::MinCalls).trip.is_none());
+        assert_eq!(s.failure_ratio(0, Evidence::MinCalls).value, None);
         s.record(Outcome::dependency(FAST), 0);
-        assert!(s.failure_ratio(0).trip.is_some());
+        assert!(s.failure_ratio(0, Evidence::MinCalls).trip.is_some());
+    }
+
+    #[test]
+    fn in_probation_the_failure_ratio_judges_from_the_first_call() {
+        let mut s = sig();
+        s.record(Outcome::success(FAST), 0);
+        let r = s.failure_ratio(0, Evidence::AnyCall);
+        assert_eq!((r.value, r.trip.is_some()), (Some(0.0), false));
+        s.record(Outcome::dependency(FAST), 0);
+        let r = s.failure_ratio(0, Evidence::AnyCall);
+        assert_eq!(r.value, Some(0.5));
+        assert!(r.trip.is_some(), "1 failure in 2 calls");
+        assert!(r.detail.contains("(min 1)"), "{}", r.detail);
+        let settled = s.failure_ratio(0, Evidence::MinCalls);
+        assert_eq!((settled.value, settled.trip.is_some()), (None, false));
     }
 
     #[test]
@@ -236,11 +270,11 @@ mod tests {
             };
             s.record(o, 1_000);
         }
-        let r = s.failure_ratio(1_000);
+        let r = s.failure_ratio(1_000, Evidence::MinCalls);
         assert_eq!(r.value, Some(0.15));
         assert!(r.trip.is_none(), "0.15 is not > 0.15");
         s.record(Outcome::dependency(FAST), 1_000);
-        let r = s.failure_ratio(1_000);
+        let r = s.failure_ratio(1_000, Evidence::MinCalls);
         assert_eq!(
             r.trip.map(|t| t.to_string()),
             Some("failure ratio 0.16 > 0.15 over 60 s, 101 calls".into())
@@ -253,8 +287,8 @@ mod tests {
         for _ in 0..30 {
             s.record(Outcome::dependency(FAST), 0);
         }
-        assert!(s.failure_ratio(0).trip.is_some());
-        assert!(s.failure_ratio(61_000).trip.is_none());
+        assert!(s.failure_ratio(0, Evidence::MinCalls).trip.is_some());
+        assert!(s.failure_ratio(61_000, Evidence::MinCalls).trip.is_none());
     }
 
     #[test]
@@ -263,13 +297,13 @@ mod tests {
         for _ in 0..1000 {
             s.record(Outcome::permanent(Duration::from_secs(10)), 0);
         }
-        assert!(s.failure_ratio(0).trip.is_none());
+        assert!(s.failure_ratio(0, Evidence::MinCalls).trip.is_none());
         assert!(s.slow_calls(0).trip.is_none());
         // A few real calls with poison around them: ratio stays at 0.
         for _ in 0..20 {
             s.record(Outcome::success(FAST), 0);
         }
-        assert_eq!(s.failure_ratio(0).value, Some(0.0));
+        assert_eq!(s.failure_ratio(0, Evidence::MinCalls).value, Some(0.0));
     }
 
     #[test]
@@ -298,7 +332,7 @@ mod tests {
         for _ in 0..50 {
             s.record(Outcome::dependency(FAST), 0);
         }
-        let r = s.failure_ratio(0);
+        let r = s.failure_ratio(0, Evidence::MinCalls);
         assert_eq!(r.value, Some(1.0));
         assert!(r.trip.is_none());
     }
