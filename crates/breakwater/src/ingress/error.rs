@@ -19,6 +19,8 @@ pub enum IngressError {
     UnknownSource(String),
     #[error("nothing here answers {0}; webhooks go to POST /webhooks/{{source}}")]
     NoRoute(String),
+    #[error("{0} is not allowed here (see the Allow header)")]
+    WrongMethod(String),
     #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
@@ -36,6 +38,7 @@ impl IngressError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::UnknownSource(_) | Self::NoRoute(_) => StatusCode::NOT_FOUND,
+            Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthorized(_) | Self::Stale(_) => StatusCode::UNAUTHORIZED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadBody(_) => StatusCode::BAD_REQUEST,
@@ -48,6 +51,7 @@ impl IngressError {
         match self {
             Self::UnknownSource(_) => "unknown_source",
             Self::NoRoute(_) => "not_found",
+            Self::WrongMethod(_) => "method_not_allowed",
             Self::Unauthorized(_) => "unauthorized",
             Self::Stale(_) => "stale",
             Self::TooLarge { .. } => "too_large",

@@ -3,7 +3,8 @@
 //! The flow of one request, in the order the checks run:
 //!
 //! 1. look up the source (404 `unknown_source`; any path the router does
-//!    not serve answers 404 `not_found`, JSON like the rest);
+//!    not serve answers 404 `not_found`, and a known path with another
+//!    method 405 `method_not_allowed`, JSON like the rest);
 //! 2. read the body within `max_body_bytes` (413 `too_large`);
 //! 3. verify the signature with the source's scheme and secrets
 //!    (401 `unauthorized`, or 401 `stale` outside the replay window);
@@ -84,6 +85,8 @@ impl Ingress {
             .route("/webhooks/{source}", post(receive))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(ready))
+            // After the routes: it applies to those registered before it.
+            .method_not_allowed_fallback(wrong_method)
             .fallback(no_route)
             .layer(DefaultBodyLimit::max(limit))
             .with_state(Arc::new(self))
@@ -135,6 +138,12 @@ async fn no_route(method: Method, uri: Uri) -> Response {
         _ => IngressError::NoRoute(format!("{method} {path}")),
     }
     .into_response()
+}
+
+/// A known path with another method (`GET /webhooks/stripe`): 405 in JSON
+/// too; axum adds the `Allow` header.
+async fn wrong_method(method: Method, uri: Uri) -> Response {
+    IngressError::WrongMethod(format!("{method} {}", uri.path())).into_response()
 }
 
 async fn accept(

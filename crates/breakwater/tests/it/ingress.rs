@@ -114,6 +114,14 @@ async fn refusals_answer_json_and_enqueue_nothing() {
             .as_str()
             .is_some_and(|d| d.contains("GET /nothing-here"))
     );
+    // A known path with the wrong method: 405 in JSON, with Allow.
+    let a = http.get(&url).await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(a.json()["error"], "method_not_allowed");
+    assert_eq!(
+        a.headers.get(http::header::ALLOW).map(|v| v.as_bytes()),
+        Some(&b"POST"[..])
+    );
 
     // Missing signature.
     let a = http.post(&url, &[], body.clone()).await;
