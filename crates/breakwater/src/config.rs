@@ -6,7 +6,8 @@
 //!
 //! 1. the file alone is deserialized with `toml::from_str`, whose errors carry
 //!    the line and column of the offending key (unknown keys are rejected by
-//!    `deny_unknown_fields` on every table);
+//!    `deny_unknown_fields` on every table); the message names the key with
+//!    its table (`workers.max_concurency`) and never quotes a value;
 //! 2. `BREAKWATER_<SECTION>_<KEY>` variables are applied on top of the parsed
 //!    table one at a time, each read as TOML and, should the config refuse
 //!    that, as a plain string (a numeric-looking token stays a string); an
@@ -594,7 +595,9 @@ fn apply_env(
     Err(format!("{section}.{key}: {}", hide_values(&last)))
 }
 
-/// Where and what: "line N, column C (`key`): message". Unlike the
+/// Where and what: "line N, column C (`section.key`): message", the key
+/// named with the table it sits in (`workers.max_concurrency`,
+/// `source[2].secrets` for the second `[[source]]`). Unlike the
 /// error's own rendering it does not quote the offending line, and it hides
 /// the value in a type error: either may be a secret (`secrets = "whsec_…"`
 /// written as a string, not a list).
@@ -610,10 +613,59 @@ fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     let line_text = text[line_start..].lines().next().unwrap_or("");
     match line_text.split_once('=') {
         Some((key, _)) if !key.trim().is_empty() => {
-            format!("line {line}, column {column} (`{}`): {message}", key.trim())
+            let key = match table_at(&text[..line_start]) {
+                Some(table) => format!("{table}.{}", key.trim()),
+                None => key.trim().to_owned(),
+            };
+            format!("line {line}, column {column} (`{key}`): {message}")
         }
         _ => format!("line {line}, column {column}: {message}"),
     }
+}
+
+/// The table that the text after `before` sits in, from the last table
+/// header in `before`: `workers` for `[workers]`, `source[2]` under the
+/// second `[[source]]`; `None` at the top level.
+fn table_at(before: &str) -> Option<String> {
+    let header = before.lines().rev().find_map(table_header)?;
+    match header {
+        TableHeader::Table(name) => Some(name.to_owned()),
+        TableHeader::ArrayItem(name) => {
+            let nth = before
+                .lines()
+                .filter_map(table_header)
+                .filter(|h| *h == TableHeader::ArrayItem(name))
+                .count();
+            Some(format!("{name}[{nth}]"))
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum TableHeader<'a> {
+    /// `[name]`
+    Table(&'a str),
+    /// `[[name]]`
+    ArrayItem(&'a str),
+}
+
+/// A line's table header, if it is one (a comment may follow it). A line
+/// of a multi-line array starts with `[` too, but holds quotes, commas or
+/// more brackets, which a header of this config's plain names never does.
+fn table_header(line: &str) -> Option<TableHeader<'_>> {
+    let line = line.split('#').next().unwrap_or("").trim();
+    let plain = |name: &str| {
+        !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    if let Some(name) = line.strip_prefix("[[").and_then(|l| l.strip_suffix("]]")) {
+        let name = name.trim();
+        return plain(name).then_some(TableHeader::ArrayItem(name));
+    }
+    let name = line.strip_prefix('[')?.strip_suffix(']')?.trim();
+    plain(name).then_some(TableHeader::Table(name))
 }
 
 /// A deserialization message with the value it quotes hidden: serde quotes
@@ -684,7 +736,7 @@ mod tests {
         let err = parse("[ingress]\nlisten = \"127.0.0.1:1\"\nmax_bodyy = 3\n").unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("line 3"), "{msg}");
-        assert!(msg.contains("max_bodyy"), "{msg}");
+        assert!(msg.contains("`ingress.max_bodyy`"), "{msg}");
     }
 
     #[test]
@@ -750,8 +802,24 @@ mod tests {
         let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = \"whsec_topsecret\"\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("line 4"), "{err}");
-        assert!(err.contains("secrets"), "{err}");
+        assert!(err.contains("`source[1].secrets`"), "{err}");
         assert!(!err.contains("topsecret"), "{err}");
+    }
+
+    #[test]
+    fn a_parse_error_names_the_table_of_its_key() {
+        let text = "[[source]] # first\nname = \"a\"\nscheme = \"github\"\nsecrets = [\n  \"x\",\n]\n\n\
+                    [[source]]\nname = \"b\"\nschemee = \"github\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("line 10"), "{err}");
+        assert!(err.contains("`source[2].schemee`"), "{err}");
+        let err = parse("nope = 1\n[ingress]\n").unwrap_err().to_string();
+        assert!(err.contains("(`nope`)"), "top level: {err}");
+        assert_eq!(table_header("[ \"a\", \"b\" ]"), None, "an array line");
+        assert_eq!(
+            table_header(" [breaker.ramp] # steps"),
+            Some(TableHeader::Table("breaker.ramp"))
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ fn broken_config_names_key_and_line_and_fails() {
     let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("max_concurency"), "{err}");
+    assert!(err.contains("`workers.max_concurency`"), "{err}");
     assert!(err.contains("line 5"), "{err}");
 }
 
