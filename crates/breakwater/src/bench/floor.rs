@@ -16,17 +16,28 @@
 //! these two cores when it makes each webhook durable with a group
 //! `fdatasync` from its own thread before the 202, as the embedded queue
 //! does: what lies between the floor and phase 2 is the store's own cost.
-//! (It does not bound designs it does not share: fsyncs issued from the
-//! runtime's own threads, say, through io_uring.) It is a measuring
-//! instrument, not a backend: it overwrites what it took, cannot hand it
-//! out, and every other operation fails.
+//!
+//! That floor does not bound designs it does not share, so it has a second
+//! [`FloorMode`]: [`FloorMode::Leader`] writes the same records into the
+//! same kind of ring with no thread of its own. The first handler to find
+//! no group being written leads: it gives the others one turn of the
+//! runtime to add theirs, writes and `fdatasync`s what gathered from its
+//! own worker thread (blocking it for the fsync), wakes the rest through a
+//! `watch` channel and leads again while more has gathered. No hand-off to
+//! another thread, no wake-up from outside the runtime: the most a queue
+//! that fsyncs from the runtime's own threads (say, through io_uring
+//! without blocking) could reach.
+//!
+//! It is a measuring instrument, not a backend: it overwrites what it took,
+//! cannot hand it out, and every other operation fails.
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::QueueConfig;
 use crate::queue::embedded::writer::{LINGER, LINGER_BELOW, drain, headers_json};
@@ -44,29 +55,141 @@ struct Pending {
     reply: Reply,
 }
 
+/// Where a floor's group commit runs: see the module doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloorMode {
+    /// On a thread of its own, like the embedded queue's writer.
+    OwnThread,
+    /// On the runtime's threads, led by the first waiting handler.
+    Leader,
+}
+
 /// A preallocated file written with group commit: see the module doc.
 #[derive(Debug, Clone)]
 pub struct FloorQueue {
-    ops: mpsc::Sender<Pending>,
+    inner: Inner,
+}
+
+#[derive(Debug, Clone)]
+enum Inner {
+    OwnThread(mpsc::Sender<Pending>),
+    Leader(Arc<Leader>),
 }
 
 impl FloorQueue {
-    /// Creates (truncating) the file at `path` and starts the thread that
-    /// writes to it, with the embedded queue's `max_batch` and
-    /// `max_pending` from `config`; the thread ends when the last clone is
-    /// dropped.
-    pub fn open(path: &Path, config: &QueueConfig) -> Result<Self, QueueError> {
+    /// Creates (truncating) the file at `path`. In [`FloorMode::OwnThread`]
+    /// it starts the thread that writes to it, with the embedded queue's
+    /// `max_batch` and `max_pending` from `config`; the thread ends when
+    /// the last clone is dropped.
+    pub fn open(path: &Path, config: &QueueConfig, mode: FloorMode) -> Result<Self, QueueError> {
         let file = preallocate(path, RING_BYTES)
             .map_err(|e| QueueError::Storage(format!("cannot create {}: {e}", path.display())))?;
-        let (ops, rx) = mpsc::channel(config.max_pending.max(1));
-        let max_group = config.max_batch.max(1);
-        std::thread::Builder::new()
-            // "queue-" like the embedded queue's threads: the bench counts
-            // its CPU under the same column.
-            .name("queue-floor".into())
-            .spawn(move || append_loop(file, rx, max_group))
-            .map_err(|e| QueueError::Storage(format!("cannot start the floor thread: {e}")))?;
-        Ok(Self { ops })
+        let inner = match mode {
+            FloorMode::OwnThread => {
+                let (ops, rx) = mpsc::channel(config.max_pending.max(1));
+                let max_group = config.max_batch.max(1);
+                std::thread::Builder::new()
+                    // "queue-" like the embedded queue's threads: the bench
+                    // counts its CPU under the same column.
+                    .name("queue-floor".into())
+                    .spawn(move || append_loop(file, rx, max_group))
+                    .map_err(|e| {
+                        QueueError::Storage(format!("cannot start the floor thread: {e}"))
+                    })?;
+                Inner::OwnThread(ops)
+            }
+            FloorMode::Leader => Inner::Leader(Arc::new(Leader {
+                file,
+                gathered: Mutex::new(Gathered::default()),
+                durable: watch::channel(Durable::default()).0,
+            })),
+        };
+        Ok(Self { inner })
+    }
+}
+
+/// The shared state of [`FloorMode::Leader`].
+#[derive(Debug)]
+struct Leader {
+    file: std::fs::File,
+    gathered: Mutex<Gathered>,
+    /// How far the file is durable; waiters watch it.
+    durable: watch::Sender<Durable>,
+}
+
+/// Records not yet written, and who is writing.
+#[derive(Debug, Default)]
+struct Gathered {
+    bytes: Vec<u8>,
+    /// Number of the last record in `bytes` (records count from 1).
+    last: u64,
+    /// A handler is leading: the others only wait.
+    leading: bool,
+    /// Where the last group ended in the ring.
+    end: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Durable {
+    /// Records up to this one are on disk.
+    upto: u64,
+    /// A write failed: every record from then on fails.
+    failed: Option<String>,
+}
+
+impl Leader {
+    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
+        let headers_json = headers_json(&message);
+        let mut durable = self.durable.subscribe();
+        let (mine, lead) = {
+            let mut g = self.gathered.lock().map_err(|_| QueueError::Closed)?;
+            encode(&mut g.bytes, &message, &headers_json);
+            g.last += 1;
+            let lead = !g.leading;
+            g.leading = true;
+            (g.last, lead)
+        };
+        if lead {
+            // The leader's linger: one turn of the runtime for the others.
+            tokio::task::yield_now().await;
+            self.lead()?;
+        }
+        let state = durable
+            .wait_for(|d| d.upto >= mine || d.failed.is_some())
+            .await
+            .map_err(|_| QueueError::Closed)?;
+        match &state.failed {
+            Some(e) => Err(QueueError::Storage(format!("floor write failed: {e}"))),
+            None => Ok(Enqueued::New {
+                id: mine.to_string(),
+            }),
+        }
+    }
+
+    /// Writes what has gathered, group after group, until nothing has.
+    fn lead(&self) -> Result<(), QueueError> {
+        loop {
+            let (bytes, upto, at) = {
+                let mut g = self.gathered.lock().map_err(|_| QueueError::Closed)?;
+                if g.bytes.is_empty() {
+                    g.leading = false;
+                    return Ok(());
+                }
+                let bytes = std::mem::take(&mut g.bytes);
+                let at = ring_offset(g.end, bytes.len() as u64);
+                g.end = at + bytes.len() as u64;
+                (bytes, g.last, at)
+            };
+            // Blocks this worker thread for the fsync: the design measured.
+            let written = self
+                .file
+                .write_all_at(&bytes, at)
+                .and_then(|()| self.file.sync_data());
+            self.durable.send_modify(|d| match written {
+                Ok(()) => d.upto = upto,
+                Err(e) => d.failed = Some(e.to_string()),
+            });
+        }
     }
 }
 
@@ -150,15 +273,18 @@ fn not_a_backend() -> QueueError {
 #[async_trait]
 impl Queue for FloorQueue {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
+        let ops = match &self.inner {
+            Inner::OwnThread(ops) => ops,
+            Inner::Leader(leader) => return leader.enqueue(message).await,
+        };
         let headers_json = headers_json(&message);
         let (reply, answer) = oneshot::channel();
-        self.ops
-            .try_send(Pending {
-                message,
-                headers_json,
-                reply,
-            })
-            .map_err(|e| QueueError::not_taken(&e, self.ops.max_capacity()))?;
+        ops.try_send(Pending {
+            message,
+            headers_json,
+            reply,
+        })
+        .map_err(|e| QueueError::not_taken(&e, ops.max_capacity()))?;
         answer.await.map_err(|_| QueueError::Closed)?
     }
 
@@ -225,9 +351,60 @@ mod tests {
 
     #[tokio::test]
     async fn writes_every_webhook_before_answering_and_takes_nothing_else() {
+        for mode in [FloorMode::OwnThread, FloorMode::Leader] {
+            writes_every_webhook_before_answering(mode).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_writes_every_concurrent_webhook_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("floor.log");
-        let queue = FloorQueue::open(&path, &QueueConfig::default()).expect("open");
+        let queue =
+            FloorQueue::open(&path, &QueueConfig::default(), FloorMode::Leader).expect("open");
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..500 {
+            let queue = queue.clone();
+            tasks.spawn(async move { queue.enqueue(webhook(&format!("evt_{i}"), b"{}")).await });
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        while let Some(done) = tasks.join_next().await {
+            match done.expect("join").expect("enqueue") {
+                Enqueued::New { id } => ids.insert(id.parse::<u64>().expect("number")),
+                other => panic!("{other:?}"),
+            };
+        }
+        assert_eq!(ids, (1..=500).collect(), "every record numbered once");
+        // The groups lie one after another from the start of the ring.
+        let written = std::fs::read(&path).expect("read");
+        let mut events = std::collections::BTreeSet::new();
+        let mut at = 0;
+        while written[at..at + 8] != [0; 8] {
+            at += 8;
+            let mut fields = Vec::new();
+            for _ in 0..5 {
+                let len = u32::from_le_bytes(written[at..at + 4].try_into().expect("4")) as usize;
+                fields.push(&written[at + 4..at + 4 + len]);
+                at += 4 + len;
+            }
+            let event = String::from_utf8(fields[1].to_vec()).expect("utf8");
+            assert!(events.insert(event), "a record written twice");
+        }
+        let expected: std::collections::BTreeSet<String> =
+            (0..500).map(|i| format!("evt_{i}")).collect();
+        assert_eq!(events, expected);
+        let leader = match &queue.inner {
+            Inner::Leader(leader) => leader,
+            Inner::OwnThread(_) => unreachable!(),
+        };
+        assert_eq!(leader.durable.borrow().upto, 500);
+        assert!(!leader.gathered.lock().expect("lock").leading);
+    }
+
+    async fn writes_every_webhook_before_answering(mode: FloorMode) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("floor.log");
+        let queue = FloorQueue::open(&path, &QueueConfig::default(), mode).expect("open");
         let first = queue.enqueue(webhook("evt_1", b"{\"a\":1}")).await;
         let second = queue.enqueue(webhook("evt_2", b"{\"b\":22}")).await;
         assert_eq!(first.expect("first"), Enqueued::New { id: "1".into() });

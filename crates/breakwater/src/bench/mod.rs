@@ -15,13 +15,17 @@
 //!    1's server, the floor of what client, loopback and scheduler add to
 //!    a latency at that rate (the control for phase 3).
 //!
-//! With `--floor`, each round has a third full-load phase: the same ingress
-//! in front of [`floor::FloorQueue`], which only writes each group of
-//! webhooks into a preallocated file and `fdatasync`s it. Its ratio to bare hyper is the
-//! most that any queue fsyncing from its own thread before the 202 can
-//! reach on this machine: what is left between it and phase 2 is the
-//! store's own cost; what is left between it and a target is the
-//! machine's.
+//! With `--floor`, each round has two more full-load phases: the same
+//! ingress in front of [`floor::FloorQueue`], which only writes each group
+//! of webhooks into a preallocated file and `fdatasync`s it, once from a
+//! thread of its own and once led from the runtime's own threads (see
+//! [`floor::FloorMode`]). The first one's ratio to bare hyper is the most
+//! that any queue fsyncing from its own thread before the 202 can reach on
+//! this machine: what is left between it and phase 2 is the store's own
+//! cost; the second says what a design without that hand-off could gain;
+//! what is left between them and a target is the machine's. After phase 3
+//! the own-thread floor also runs at half of its own peak: the tail any
+//! such queue would show with that headroom.
 //!
 //! Phases 1 and 2 alternate for `--rounds` rounds, and the ratio reported
 //! is the median of the rounds' ratios; phase 3 runs at half the median of
@@ -107,8 +111,10 @@ pub struct IngressBenchArgs {
     #[arg(long, default_value = "data/bench")]
     pub data_dir: PathBuf,
     /// Also run, in each round, the ingress in front of a queue that only
-    /// writes each group of webhooks into a preallocated file and fdatasyncs it: the most
-    /// any ingress that answers after an fsync can do on this machine.
+    /// writes each group of webhooks into a preallocated file and
+    /// fdatasyncs it, from a thread of its own and from the runtime's
+    /// threads: the most an ingress that answers after an fsync can do on
+    /// this machine. The first also runs at half its peak.
     #[arg(long)]
     pub floor: bool,
 }
@@ -129,6 +135,8 @@ pub struct IngressBenchReport {
     /// Phases 1 and 2, one pair per round.
     pub rounds: Vec<Round>,
     pub half_rate: LoadReport,
+    /// With `--floor`: the own-thread floor at half of its own peak.
+    pub floor_half_rate: Option<LoadReport>,
     /// Bare hyper under phase 3's open-loop load: the harness's floor.
     pub bare_half_rate: LoadReport,
     /// The service's own view of phase 2 (all rounds, with warm-ups), when a
@@ -146,7 +154,10 @@ pub struct IngressBenchReport {
 pub struct Round {
     pub bare: LoadReport,
     pub breakwater: LoadReport,
+    /// The floor with its own thread, when it ran.
     pub floor: Option<LoadReport>,
+    /// The floor led from the runtime's threads, when it ran.
+    pub leader_floor: Option<LoadReport>,
 }
 
 impl Round {
@@ -155,9 +166,14 @@ impl Round {
         self.ratio_of(&self.breakwater)
     }
 
-    /// The floor's rate over bare hyper's, when it ran.
+    /// The own-thread floor's rate over bare hyper's, when it ran.
     pub fn floor_ratio(&self) -> Option<f64> {
         self.floor.as_ref().map(|floor| self.ratio_of(floor))
+    }
+
+    /// The leader floor's rate over bare hyper's, when it ran.
+    pub fn leader_floor_ratio(&self) -> Option<f64> {
+        self.leader_floor.as_ref().map(|floor| self.ratio_of(floor))
     }
 
     fn ratio_of(&self, phase: &LoadReport) -> f64 {
@@ -363,10 +379,16 @@ impl fmt::Display for IngressBenchReport {
             rows.push((format!("{n}: bare hyper (200 ok)"), &round.bare));
             rows.push((format!("{n}: breakwater (verify+fsync)"), &round.breakwater));
             if let Some(floor) = &round.floor {
-                rows.push((format!("{n}: floor (write+fsync)"), floor));
+                rows.push((format!("{n}: floor, own thread"), floor));
+            }
+            if let Some(floor) = &round.leader_floor {
+                rows.push((format!("{n}: floor, leader"), floor));
             }
         }
         rows.push(("breakwater at 1/2 peak".to_owned(), &self.half_rate));
+        if let Some(floor) = &self.floor_half_rate {
+            rows.push(("floor, own thread, 1/2 peak".to_owned(), floor));
+        }
         rows.push(("bare hyper at that rate".to_owned(), &self.bare_half_rate));
         for (name, r) in rows {
             let us = |i: usize| r.cpu_us_per_request(i).unwrap_or(0.0);
@@ -400,15 +422,37 @@ impl fmt::Display for IngressBenchReport {
             self.ratio() * 100.0,
             per_round.join(", ")
         )?;
-        let floor: Vec<f64> = self.rounds.iter().filter_map(Round::floor_ratio).collect();
-        if !floor.is_empty() {
-            let per_round: Vec<String> =
-                floor.iter().map(|r| format!("{:.1}%", r * 100.0)).collect();
+        let floors = [
+            (
+                "floor, own thread",
+                self.rounds
+                    .iter()
+                    .filter_map(Round::floor_ratio)
+                    .collect::<Vec<_>>(),
+                "the most a queue that fsyncs each group from its own thread before \
+                 answering can reach here",
+            ),
+            (
+                "floor, leader",
+                self.rounds
+                    .iter()
+                    .filter_map(Round::leader_floor_ratio)
+                    .collect(),
+                "the same with the fsync on the runtime's own threads, no hand-off",
+            ),
+        ];
+        for (name, ratios, meaning) in floors {
+            if ratios.is_empty() {
+                continue;
+            }
+            let per_round: Vec<String> = ratios
+                .iter()
+                .map(|r| format!("{:.1}%", r * 100.0))
+                .collect();
             writeln!(
                 f,
-                "ratio floor / bare hyper: {:.1}% (median of rounds: {}): the most a queue \
-                 that fsyncs each group from its own thread before answering can reach here",
-                median(floor.clone()) * 100.0,
+                "ratio {name} / bare hyper: {:.1}% (median of rounds: {}): {meaning}",
+                median(ratios.clone()) * 100.0,
                 per_round.join(", ")
             )?;
         }
@@ -529,8 +573,11 @@ pub fn run_ingress_bench(
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
     let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
-    let floor_addr = if args.floor {
-        Some(server_rt.block_on(start_floor(&config, &dir))?)
+    let floor_addrs = if args.floor {
+        Some((
+            server_rt.block_on(start_floor(&config, &dir, floor::FloorMode::OwnThread))?,
+            server_rt.block_on(start_floor(&config, &dir, floor::FloorMode::Leader))?,
+        ))
     } else {
         None
     };
@@ -558,26 +605,29 @@ pub fn run_ingress_bench(
             (Some(sum), Some(before), Some(after)) => Some(sum.plus(after.since(before))),
             _ => None,
         };
-        let floor = match floor_addr {
-            Some(floor_addr) => {
+        let (mut floor, mut leader_floor) = (None, None);
+        if let Some((own_thread, leader)) = floor_addrs {
+            for (addr, name, report) in [
+                (own_thread, "own thread", &mut floor),
+                (leader, "leader", &mut leader_floor),
+            ] {
                 eprintln!(
-                    "round {n}/{}: floor: the ingress on a write-and-fsync file",
+                    "round {n}/{}: floor, {name}: the ingress on a write-and-fsync file",
                     args.rounds
                 );
-                let tag = format!("floor{n}");
+                let tag = format!("floor-{name}-{n}");
                 let before = totals();
-                let floor = client_rt.block_on(load::run(spec(floor_addr, &path, &tag, None)))?;
+                *report = Some(client_rt.block_on(load::run(spec(addr, &path, &tag, None)))?);
                 if let (Some(before), Some(after)) = (before, totals()) {
                     floor_share = floor_share.plus_between(before, after);
                 }
-                Some(floor)
             }
-            None => None,
-        };
+        }
         rounds.push(Round {
             bare,
             breakwater,
             floor,
+            leader_floor,
         });
     }
     let after_rounds = totals();
@@ -590,6 +640,26 @@ pub fn run_ingress_bench(
     let inside_half = after_rounds
         .zip(totals())
         .map(|(before, after)| Inside::between(before, after));
+    let floor_half_rate = match floor_addrs {
+        Some((own_thread, _)) => {
+            let peak = median(
+                rounds
+                    .iter()
+                    .filter_map(|r| r.floor.as_ref())
+                    .map(LoadReport::rate)
+                    .collect(),
+            );
+            let half = (peak / 2.0).max(1.0);
+            eprintln!("floor, own thread, at half of its {peak:.0} req/s");
+            Some(client_rt.block_on(load::run(spec(
+                own_thread,
+                &path,
+                "floor-half",
+                Some(half),
+            )))?)
+        }
+        None => None,
+    };
 
     server_rt.block_on(running.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
@@ -602,6 +672,7 @@ pub fn run_ingress_bench(
         args: args.clone(),
         rounds,
         half_rate,
+        floor_half_rate,
         bare_half_rate,
         inside,
         inside_half,
@@ -629,9 +700,14 @@ pub fn bench_config(dir: &std::path::Path) -> Config {
 
 /// Starts the real ingress of `config` in front of a [`floor::FloorQueue`]
 /// whose file is in `dir`, on an ephemeral port.
-async fn start_floor(config: &Config, dir: &std::path::Path) -> anyhow::Result<SocketAddr> {
+async fn start_floor(
+    config: &Config,
+    dir: &std::path::Path,
+    mode: floor::FloorMode,
+) -> anyhow::Result<SocketAddr> {
     let sources = crate::source::compile_all(&config.sources)?;
-    let queue = floor::FloorQueue::open(&dir.join("floor.log"), &config.queue)?;
+    let file = dir.join(format!("floor-{mode:?}.log"));
+    let queue = floor::FloorQueue::open(&file, &config.queue, mode)?;
     let router = crate::ingress::Ingress::new(
         &sources,
         std::sync::Arc::new(queue),

@@ -113,8 +113,10 @@ fn bench_ingress_runs_every_phase_without_errors() {
     for phase in [
         "1: bare hyper (200 ok)",
         "1: breakwater (verify+fsync)",
-        "1: floor (write+fsync)",
+        "1: floor, own thread",
+        "1: floor, leader",
         "breakwater at 1/2 peak",
+        "floor, own thread, 1/2 peak",
         "bare hyper at that rate",
     ] {
         let row = report
@@ -130,7 +132,12 @@ fn bench_ingress_runs_every_phase_without_errors() {
         report.contains("ratio breakwater / bare hyper: "),
         "{report}"
     );
-    assert!(report.contains("ratio floor / bare hyper: "), "{report}");
+    for floor in ["floor, own thread", "floor, leader"] {
+        assert!(
+            report.contains(&format!("ratio {floor} / bare hyper: ")),
+            "{report}"
+        );
+    }
     let left: Vec<_> = std::fs::read_dir(dir.path()).expect("data dir").collect();
     assert!(left.is_empty(), "the bench left {left:?} behind");
 }
