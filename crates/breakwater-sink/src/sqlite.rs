@@ -8,6 +8,15 @@
 //! lock longer than that is a dependency failure of kind `busy`.
 //! `BEGIN IMMEDIATE` takes the write lock up front, so a transaction never
 //! fails half-way on an upgrade from a read lock.
+//!
+//! `statement_timeout` bounds the whole apply (the lock wait included,
+//! which `busy_timeout` keeps shorter): past it the sink interrupts the
+//! connection (`sqlite3_interrupt`), the running statement fails with
+//! `SQLITE_INTERRUPT`, the transaction rolls back, and the apply is a
+//! dependency failure of kind `statement_timeout`, like PostgreSQL's
+//! `57014`. SQLite has no per-statement timer of its own, and a runaway
+//! statement (a scan the source's SQL did not mean) would otherwise hold
+//! the only connection, and with it every worker, for as long as it runs.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::DateTime;
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{Connection, ErrorCode, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, InterruptHandle, TransactionBehavior};
 use serde_json::Value;
 use tokio::sync::Mutex;
 
@@ -64,8 +73,11 @@ pub(crate) fn parse_url(url: &str) -> Option<Location> {
 /// The SQLite sink.
 pub(crate) struct SqliteSink {
     conn: Arc<Mutex<Connection>>,
+    /// Stops what `conn` runs, from any thread.
+    interrupt: Arc<InterruptHandle>,
     statements: Arc<Compiled>,
     acquire_timeout: Duration,
+    statement_timeout: Duration,
     in_use: Arc<AtomicUsize>,
 }
 
@@ -87,9 +99,11 @@ impl SqliteSink {
         .await
         .map_err(|e| SinkSetupError::Connect(e.to_string()))??;
         Ok(Self {
+            interrupt: Arc::new(conn.get_interrupt_handle()),
             conn: Arc::new(Mutex::new(conn)),
             statements,
             acquire_timeout: settings.acquire_timeout,
+            statement_timeout: settings.statement_timeout,
             in_use: Arc::new(AtomicUsize::new(0)),
         })
     }
@@ -213,12 +227,22 @@ impl Sink for SqliteSink {
         let statements = Arc::clone(&self.statements);
         let in_use = Arc::clone(&self.in_use);
         in_use.fetch_add(1, Ordering::Relaxed);
-        let joined = tokio::task::spawn_blocking(move || {
+        let mut task = tokio::task::spawn_blocking(move || {
             let result = run(&mut conn, &statements, &job);
             in_use.fetch_sub(1, Ordering::Relaxed);
             result
-        })
-        .await;
+        });
+        let joined = match tokio::time::timeout(self.statement_timeout, &mut task).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                // Whatever statement runs now fails and its transaction
+                // rolls back; had the apply just finished, the interrupt
+                // is a no-op (SQLite clears it when the next statement
+                // starts on an idle connection) and its outcome stands.
+                self.interrupt.interrupt();
+                task.await
+            }
+        };
         joined.map_err(|e| SinkError::dependency("database", format!("apply task failed: {e}")))?
     }
 

@@ -182,6 +182,65 @@ async fn a_writer_holding_the_lock_is_busy() {
 }
 
 #[tokio::test]
+async fn a_statement_past_statement_timeout_is_interrupted_and_rolled_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    schema(&path);
+    let mut s = settings(&path);
+    s.statement_timeout = Duration::from_millis(400);
+    let mut all = BTreeMap::new();
+    all.insert(
+        "stripe".to_owned(),
+        vec![
+            StatementSpec {
+                sql: "UPDATE orders SET hits = hits + 1 WHERE id = $entity".to_owned(),
+                params: BTreeMap::new(),
+            },
+            // Runs for minutes unless stopped: a scan the SQL did not mean.
+            StatementSpec {
+                sql: "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+                      WHERE i < 5000000000) SELECT count(*) FROM n WHERE $entity <> ''"
+                    .to_owned(),
+                params: BTreeMap::new(),
+            },
+        ],
+    );
+    all.insert("quick".to_owned(), all["stripe"][..1].to_vec());
+    let sink = connect(&s, &all).await.expect("connect");
+    let started = Instant::now();
+    let err = sink
+        .apply(&event("evt_slow", b"{}"))
+        .await
+        .expect_err("interrupted");
+    let took = started.elapsed();
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Dependency, "statement_timeout"),
+        "{err}"
+    );
+    assert!(
+        took >= s.statement_timeout && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
+    // Rolled back: neither the inbox row nor the first statement's update.
+    let check = Connection::open(&path).expect("open");
+    let (inbox, hits): (i64, i64) = check
+        .query_row(
+            "SELECT (SELECT count(*) FROM breakwater_inbox), hits FROM orders WHERE id = 1042",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("read");
+    assert_eq!((inbox, hits), (0, 0));
+    // The same connection is usable again: the interrupt does not linger.
+    let quick = Event {
+        source: "quick",
+        ..event("evt_quick", b"{}")
+    };
+    assert_eq!(sink.apply(&quick).await.expect("quick"), Applied::New);
+}
+
+#[tokio::test]
 async fn memory_urls_and_setup_errors() {
     let sink = connect(&SinkSettings::new("sqlite::memory:"), &BTreeMap::new())
         .await
