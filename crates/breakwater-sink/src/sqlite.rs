@@ -17,6 +17,8 @@
 //! `57014`. SQLite has no per-statement timer of its own, and a runaway
 //! statement (a scan the source's SQL did not mean) would otherwise hold
 //! the only connection, and with it every worker, for as long as it runs.
+//! An apply whose future is dropped (aborted at shutdown) interrupts its
+//! statement the same way, so it rolls back as a PostgreSQL one does.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -232,6 +234,9 @@ impl Sink for SqliteSink {
             in_use.fetch_sub(1, Ordering::Relaxed);
             result
         });
+        // Should this future be dropped (the worker aborted at shutdown),
+        // the statement is interrupted too rather than left running.
+        let mut guard = InterruptOnDrop(Some(&self.interrupt));
         let joined = match tokio::time::timeout(self.statement_timeout, &mut task).await {
             Ok(joined) => joined,
             Err(_) => {
@@ -243,11 +248,23 @@ impl Sink for SqliteSink {
                 task.await
             }
         };
+        guard.0 = None;
         joined.map_err(|e| SinkError::dependency("database", format!("apply task failed: {e}")))?
     }
 
     fn pool_usage(&self) -> (usize, usize) {
         (self.in_use.load(Ordering::Relaxed), 1)
+    }
+}
+
+/// Interrupts the connection when dropped while armed.
+struct InterruptOnDrop<'a>(Option<&'a InterruptHandle>);
+
+impl Drop for InterruptOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0 {
+            handle.interrupt();
+        }
     }
 }
 

@@ -238,6 +238,26 @@ async fn a_statement_past_statement_timeout_is_interrupted_and_rolled_back() {
         ..event("evt_quick", b"{}")
     };
     assert_eq!(sink.apply(&quick).await.expect("quick"), Applied::New);
+
+    // An apply dropped half-way (a worker aborted at shutdown) stops its
+    // statement too: the connection is free again at once, not when the
+    // statement would have ended.
+    s.statement_timeout = Duration::from_secs(600);
+    let sink = connect(&s, &all).await.expect("connect");
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(200),
+        sink.apply(&event("evt_2", b"{}")),
+    )
+    .await;
+    assert!(dropped.is_err(), "still running when dropped");
+    let quick = Event {
+        source: "quick",
+        ..event("evt_quick_2", b"{}")
+    };
+    assert_eq!(
+        sink.apply(&quick).await.expect("the connection came back"),
+        Applied::New
+    );
 }
 
 #[tokio::test]
