@@ -99,7 +99,11 @@ pub struct QueueStats {
     pub delayed: u64,
     /// In the dead-letter queue.
     pub dead_lettered: u64,
-    /// Age of the oldest visible message, in milliseconds.
+    /// Age, since it was received, of the visible message at the head of
+    /// the queue (the next one a worker takes), in milliseconds; 0 when
+    /// none is visible. Messages are taken oldest first, so this is the
+    /// oldest visible one, except that a message retried or released
+    /// rejoins at its new visible time and may wait, older, behind it.
     pub oldest_visible_age_ms: u64,
     /// Messages acknowledged since the store was created.
     pub acked_total: u64,

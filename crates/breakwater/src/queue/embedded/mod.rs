@@ -470,6 +470,109 @@ mod tests {
         assert_eq!(d.message.event_id, "d");
     }
 
+    /// The counts as a query over every row would give them.
+    fn counted(path: &Path) -> (u64, u64, u64, u64) {
+        let conn = rusqlite::Connection::open(path).expect("open");
+        conn.query_row(
+            "SELECT COALESCE(SUM(state = 0 AND visible_at <= ?1), 0),
+                    COALESCE(SUM(state = 0 AND visible_at > ?1 AND lease IS NOT NULL), 0),
+                    COALESCE(SUM(state = 0 AND visible_at > ?1 AND lease IS NULL), 0),
+                    COALESCE(SUM(state = 2), 0)
+             FROM messages",
+            [now_ms()],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .expect("count")
+    }
+
+    #[tokio::test]
+    async fn kept_counts_match_counting_every_row_through_every_operation() {
+        use rand::{Rng, SeedableRng};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(FILE_NAME);
+        let mut q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let mut held: Vec<Delivery> = Vec::new();
+        let reason = DeadLetterReason {
+            class: "permanent".into(),
+            error: "bad".into(),
+        };
+        for step in 0..400 {
+            match rng.random_range(0..10) {
+                // New events, and now and then one already known.
+                0..=2 => {
+                    let event = format!("e{}", rng.random_range(0..150));
+                    q.enqueue(msg(&event, None)).await.expect("enqueue");
+                }
+                3 => held.extend(q.claim(3, LEASE).await.expect("claim")),
+                4..=8 if !held.is_empty() => {
+                    let d = held.swap_remove(rng.random_range(0..held.len()));
+                    match rng.random_range(0..5) {
+                        0 => q.ack(&d.receipt).await.expect("ack"),
+                        1 => q
+                            .retry_later(&d.receipt, Duration::from_secs(60), "later")
+                            .await
+                            .expect("retry"),
+                        2 => q
+                            .release(&d.receipt, Duration::ZERO)
+                            .await
+                            .expect("release"),
+                        3 => q.dead_letter(&d.receipt, &reason).await.expect("dlq"),
+                        _ => q
+                            .retry_later(&d.receipt, Duration::ZERO, "now")
+                            .await
+                            .expect("retry"),
+                    }
+                }
+                9 => {
+                    if rng.random_bool(0.5) {
+                        q.replay(&[], 3, 5).await.expect("replay");
+                    } else {
+                        q.purge(&[]).await.expect("purge");
+                    }
+                }
+                _ => {}
+            }
+            if step == 200 {
+                // The count survives a reopen (held receipts stay valid:
+                // their leases are in the store).
+                drop(q);
+                q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
+            }
+            let s = q.stats().await.expect("stats");
+            assert_eq!(
+                (s.visible, s.in_flight, s.delayed, s.dead_lettered),
+                counted(&path),
+                "after step {step}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_without_the_pending_count_is_counted_when_opened() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(FILE_NAME);
+        {
+            let q = EmbeddedQueue::open(&config(dir.path())).expect("open");
+            for i in 0..5 {
+                q.enqueue(msg(&format!("e{i}"), None))
+                    .await
+                    .expect("enqueue");
+            }
+            let d = q.claim(1, LEASE).await.expect("claim").remove(0);
+            q.ack(&d.receipt).await.expect("ack");
+        }
+        // As a store written before the count was kept.
+        rusqlite::Connection::open(&path)
+            .expect("open")
+            .execute("DELETE FROM counters WHERE name = 'pending'", [])
+            .expect("delete");
+        let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
+        assert_eq!(q.stats().await.expect("stats").visible, 4);
+        q.enqueue(msg("e9", None)).await.expect("enqueue");
+        assert_eq!(q.stats().await.expect("stats").visible, 5);
+    }
+
     #[tokio::test]
     async fn retry_counts_attempts_release_does_not() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -299,6 +299,7 @@ fn run_batch(
     }
     store::bump(&tx, "acked_total", tally.acked)?;
     store::bump(&tx, "dead_total", tally.dead)?;
+    store::bump(&tx, "pending", tally.pending)?;
     tx.commit()?;
     // Only now: had the commit failed, the rows would still be there, and
     // a redelivery of one of them must still answer "duplicate".
@@ -311,8 +312,11 @@ fn run_batch(
 /// commits.
 #[derive(Default)]
 struct Tally {
-    acked: u64,
-    dead: u64,
+    acked: i64,
+    dead: i64,
+    /// Pending rows made (enqueue, replay) less those settled (ack,
+    /// dead-letter).
+    pending: i64,
     forgotten: Vec<store::Forgotten>,
 }
 
@@ -356,6 +360,7 @@ fn run_op(
                 None => attempt!(reply, store::enqueue(tx, &m, &headers_json)),
             };
             index.insert(key, id);
+            tally.pending += i64::from(new);
             let id = id.to_string();
             finish(
                 reply,
@@ -395,7 +400,8 @@ fn run_op(
                     true
                 }
             };
-            tally.acked += u64::from(ok);
+            tally.acked += i64::from(ok);
+            tally.pending -= i64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
         Op::Extend {
@@ -439,7 +445,8 @@ fn run_op(
                 reply,
                 store::dead_letter(tx, id, lease, now, &class, &error)
             );
-            tally.dead += u64::from(ok);
+            tally.dead += i64::from(ok);
+            tally.pending -= i64::from(ok);
             finish(reply, if ok { Ok(()) } else { Err(lease_lost(id)) })
         }
         Op::Replay {
@@ -449,6 +456,7 @@ fn run_op(
             reply,
         } => {
             let done = attempt!(reply, store::replay(tx, &ids, now, max_replays, limit));
+            tally.pending += i64::try_from(done.len()).unwrap_or(i64::MAX);
             finish(reply, Ok(done))
         }
         Op::Purge { ids, reply } => {
