@@ -10,25 +10,28 @@
 //! fails half-way on an upgrade from a read lock.
 //!
 //! `statement_timeout` bounds the whole apply (the lock wait included,
-//! which `busy_timeout` keeps shorter): past it the sink interrupts the
-//! connection (`sqlite3_interrupt`), the running statement fails with
-//! `SQLITE_INTERRUPT`, the transaction rolls back, and the apply is a
-//! dependency failure of kind `statement_timeout`, like PostgreSQL's
+//! which `busy_timeout` keeps shorter): the connection's progress handler
+//! ([`Limits`], consulted every few thousand VM steps on the thread running
+//! the statement) stops a statement past the apply's deadline, which then
+//! fails with `SQLITE_INTERRUPT`; the transaction rolls back and the apply
+//! is a dependency failure of kind `statement_timeout`, like PostgreSQL's
 //! `57014`. SQLite has no per-statement timer of its own, and a runaway
 //! statement (a scan the source's SQL did not mean) would otherwise hold
 //! the only connection, and with it every worker, for as long as it runs.
-//! An apply whose future is dropped (aborted at shutdown) interrupts its
-//! statement the same way, so it rolls back as a PostgreSQL one does.
+//! An apply whose future is dropped (aborted at shutdown) is stopped the
+//! same way, so it rolls back as a PostgreSQL one does. Each apply is
+//! numbered and a stop names its number, so a late stop never reaches the
+//! apply after it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::DateTime;
 use rusqlite::types::Value as SqlValue;
-use rusqlite::{Connection, ErrorCode, InterruptHandle, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, TransactionBehavior};
 use serde_json::Value;
 use tokio::sync::Mutex;
 
@@ -75,8 +78,8 @@ pub(crate) fn parse_url(url: &str) -> Option<Location> {
 /// The SQLite sink.
 pub(crate) struct SqliteSink {
     conn: Arc<Mutex<Connection>>,
-    /// Stops what `conn` runs, from any thread.
-    interrupt: Arc<InterruptHandle>,
+    /// What the connection's progress handler enforces.
+    limits: Arc<Limits>,
     statements: Arc<Compiled>,
     acquire_timeout: Duration,
     statement_timeout: Duration,
@@ -93,15 +96,18 @@ impl SqliteSink {
         let busy_timeout = settings.lock_timeout;
         let statements = Arc::new(statements);
         let to_check = Arc::clone(&statements);
+        let limits = Arc::new(Limits::default());
+        let checked = Arc::clone(&limits);
         let conn = tokio::task::spawn_blocking(move || {
             let conn = open_connection(&location, busy_timeout)?;
             check_statements(&conn, &to_check)?;
+            conn.progress_handler(PROGRESS_EVERY, Some(move || checked.should_stop()));
             Ok::<_, SinkSetupError>(conn)
         })
         .await
         .map_err(|e| SinkSetupError::Connect(e.to_string()))??;
         Ok(Self {
-            interrupt: Arc::new(conn.get_interrupt_handle()),
+            limits,
             conn: Arc::new(Mutex::new(conn)),
             statements,
             acquire_timeout: settings.acquire_timeout,
@@ -229,27 +235,24 @@ impl Sink for SqliteSink {
         let statements = Arc::clone(&self.statements);
         let in_use = Arc::clone(&self.in_use);
         in_use.fetch_add(1, Ordering::Relaxed);
-        let mut task = tokio::task::spawn_blocking(move || {
+        // No apply runs now (this one holds the connection): number it and
+        // start its clock.
+        let apply = self.limits.begin(self.statement_timeout);
+        // Should this future be dropped (the worker aborted at shutdown),
+        // its statement stops too rather than running on.
+        let mut stop_if_dropped = StopOnDrop(Some((&self.limits, apply)));
+        // The connection is handed back with the outcome, so the next apply
+        // can begin only once this one is over.
+        let joined = tokio::task::spawn_blocking(move || {
             let result = run(&mut conn, &statements, &job);
             in_use.fetch_sub(1, Ordering::Relaxed);
-            result
-        });
-        // Should this future be dropped (the worker aborted at shutdown),
-        // the statement is interrupted too rather than left running.
-        let mut guard = InterruptOnDrop(Some(&self.interrupt));
-        let joined = match tokio::time::timeout(self.statement_timeout, &mut task).await {
-            Ok(joined) => joined,
-            Err(_) => {
-                // Whatever statement runs now fails and its transaction
-                // rolls back; had the apply just finished, the interrupt
-                // is a no-op (SQLite clears it when the next statement
-                // starts on an idle connection) and its outcome stands.
-                self.interrupt.interrupt();
-                task.await
-            }
-        };
-        guard.0 = None;
-        joined.map_err(|e| SinkError::dependency("database", format!("apply task failed: {e}")))?
+            (conn, result)
+        })
+        .await;
+        stop_if_dropped.0 = None;
+        joined
+            .map(|(_conn, result)| result)
+            .map_err(|e| SinkError::dependency("database", format!("apply task failed: {e}")))?
     }
 
     fn pool_usage(&self) -> (usize, usize) {
@@ -257,13 +260,57 @@ impl Sink for SqliteSink {
     }
 }
 
-/// Interrupts the connection when dropped while armed.
-struct InterruptOnDrop<'a>(Option<&'a InterruptHandle>);
+/// VM steps between two looks of the progress handler at [`Limits`]: a
+/// few microseconds of work, so a stop lands within a millisecond or so.
+const PROGRESS_EVERY: std::os::raw::c_int = 10_000;
 
-impl Drop for InterruptOnDrop<'_> {
+/// The running apply's deadline, read by the connection's progress handler
+/// on the thread that runs its statements.
+#[derive(Debug, Default)]
+struct Limits {
+    current: std::sync::Mutex<Current>,
+}
+
+#[derive(Debug, Default)]
+struct Current {
+    /// Number of the apply that holds the connection (or held it last).
+    apply: u64,
+    deadline: Option<Instant>,
+    /// An apply told to stop: only ever the current one's number stops it.
+    stopped: u64,
+}
+
+impl Limits {
+    /// Starts the clock of the next apply; returns its number.
+    fn begin(&self, timeout: Duration) -> u64 {
+        let mut c = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        c.apply += 1;
+        c.deadline = Instant::now().checked_add(timeout);
+        c.apply
+    }
+
+    /// Stops apply `apply` if it still runs.
+    fn stop(&self, apply: u64) {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stopped = apply;
+    }
+
+    /// Whether the running statement must stop.
+    fn should_stop(&self) -> bool {
+        let c = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        c.stopped == c.apply || c.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// Stops its apply when dropped while armed.
+struct StopOnDrop<'a>(Option<(&'a Limits, u64)>);
+
+impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
-        if let Some(handle) = self.0 {
-            handle.interrupt();
+        if let Some((limits, apply)) = self.0 {
+            limits.stop(apply);
         }
     }
 }
@@ -364,6 +411,23 @@ pub(crate) fn classify(err: rusqlite::Error) -> SinkError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_reaches_only_the_apply_it_names() {
+        let limits = Limits::default();
+        let first = limits.begin(Duration::from_secs(60));
+        assert!(!limits.should_stop());
+        limits.stop(first);
+        assert!(limits.should_stop());
+        let second = limits.begin(Duration::from_secs(60));
+        assert!(!limits.should_stop(), "the first's stop ended with it");
+        limits.stop(first);
+        assert!(!limits.should_stop(), "a late stop of the first");
+        limits.stop(second);
+        assert!(limits.should_stop());
+        limits.begin(Duration::ZERO);
+        assert!(limits.should_stop(), "past its deadline");
+    }
 
     #[test]
     fn urls() {
