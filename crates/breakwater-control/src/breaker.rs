@@ -53,7 +53,11 @@
 //! call instead of waiting for `min_calls`, so a dependency failure early in
 //! the ramp re-opens the breaker even at a trickle of traffic (where
 //! `min_calls` in a 10 s window would leave it blind below 2 calls/s), and
-//! later ones do once they pass the threshold of the ramp's calls so far.
+//! later ones do once they pass the threshold of the calls in the window
+//! (the ramp's last `window_secs`). A call that began before the windows
+//! were cleared (one still running when the breaker opened, finishing
+//! late) is evidence about that past and is not counted; probe outcomes
+//! always are.
 //! When several signals trip at once, the reason names the first in the order
 //! of [`crate::SignalKind`]; `status` shows them all.
 //!
@@ -121,6 +125,9 @@ pub struct Breaker<A: ProbeAdmission = LocalProbeAdmission> {
     origin: Instant,
     state: State,
     since: Instant,
+    /// When the outcome windows were last cleared (entering half-open or
+    /// the ramp): calls that began earlier are not counted.
+    evidence_since: Option<Instant>,
     ramp_step: usize,
     cool_down: Duration,
     opens_since_close: u32,
@@ -185,6 +192,7 @@ impl<A: ProbeAdmission> Breaker<A> {
             origin: now,
             state: State::Closed,
             since: now,
+            evidence_since: None,
             ramp_step: 0,
             cool_down: Duration::ZERO,
             opens_since_close: 0,
@@ -262,6 +270,10 @@ impl<A: ProbeAdmission> Breaker<A> {
     /// dry-run mode while the shadow state is half-open, where every outcome
     /// counts as a probe.
     pub fn record_outcome(&mut self, outcome: Outcome, now: Instant) -> Option<Transition> {
+        let began = now.checked_sub(outcome.latency);
+        if began.zip(self.evidence_since).is_some_and(|(b, e)| b < e) {
+            return None;
+        }
         let now_ms = self.ms(now);
         self.outcomes.record(outcome, now_ms);
         if self.cfg.dry_run && self.manual.is_none() && self.state == State::HalfOpen {
@@ -579,6 +591,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                 self.admission.begin_period(self.period, now);
                 self.successes = 0;
                 self.outcomes.clear();
+                self.evidence_since = Some(now);
                 self.queue.clear_dlq();
             }
             State::Ramping => {
@@ -587,6 +600,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                 } else {
                     self.ramp_step = 0;
                     self.outcomes.clear();
+                    self.evidence_since = Some(now);
                     self.queue.clear_dlq();
                 }
             }

@@ -50,9 +50,12 @@ impl H {
         self.b.evaluate(now)
     }
 
+    /// `n` calls that ran side by side, each taking `o.latency`, starting
+    /// now: the clock moves on by that latency.
     fn outcomes(&mut self, n: usize, o: Outcome) {
+        let now = self.advance(u64::try_from(o.latency.as_millis()).expect("ms"));
         for _ in 0..n {
-            self.b.record_outcome(o, self.now);
+            self.b.record_outcome(o, now);
         }
     }
 
@@ -236,8 +239,9 @@ fn probe_successes_start_the_ramp_which_walks_10_25_50_100_then_closes() {
     let mut limits = vec![h.b.gate().limit];
     let mut reasons = vec![];
     loop {
+        // A second a round: the calls' 5 ms and the tick's 995.
         h.outcomes(5, Outcome::success(FAST));
-        match h.tick(1_000) {
+        match h.tick(995) {
             None => continue,
             Some(t) => {
                 reasons.push(t.reason.to_string());
@@ -304,15 +308,35 @@ fn a_failure_among_the_ramps_first_calls_reopens_at_a_trickle_of_traffic() {
 }
 
 #[test]
-fn the_ramp_outlives_a_failure_under_the_threshold_of_its_calls() {
+fn in_the_ramp_one_failure_is_judged_as_a_ratio_not_alone() {
     let mut h = H::new(cfg());
     h.trip();
     h.wait_half_open();
     h.probes_succeed();
-    h.outcomes(19, Outcome::success(FAST));
+    h.outcomes(9, Outcome::success(FAST));
     h.outcomes(1, Outcome::dependency(FAST));
-    assert_eq!(h.tick(100), None, "1 failure in 20 calls is 5%");
+    assert_eq!(h.tick(100), None, "1 failure in 10 calls is 10%");
     assert_eq!(h.b.state(), State::Ramping);
+    h.outcomes(1, Outcome::dependency(FAST));
+    let t = h.tick(100).expect("2 in 11 is 18%");
+    assert_eq!((t.from, t.to), (State::Ramping, State::Open));
+}
+
+#[test]
+fn a_call_that_began_before_the_ramp_does_not_reopen_it() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    h.probes_succeed();
+    // Still running when the breaker opened, a minute ago.
+    let now = h.now;
+    h.b.record_outcome(Outcome::dependency(Duration::from_secs(60)), now);
+    assert_eq!(h.tick(100), None);
+    assert_eq!(h.b.state(), State::Ramping);
+    // One that began in the ramp does.
+    h.outcomes(1, Outcome::dependency(FAST));
+    let t = h.tick(100).expect("re-opens");
+    assert_eq!((t.from, t.to), (State::Ramping, State::Open));
 }
 
 #[test]

@@ -102,8 +102,8 @@ pub(crate) enum Evidence {
     MinCalls,
     /// Any call: the ramp, a probation whose windows started empty, where
     /// a dependency failure among the first calls re-opens the breaker
-    /// however little traffic there is (DESIGN.md: "a failure in the ramp
-    /// re-opens it").
+    /// however little traffic there is (the design's "a failure in the
+    /// ramp re-opens it").
     AnyCall,
 }
 
