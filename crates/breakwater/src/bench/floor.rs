@@ -19,14 +19,16 @@
 //!
 //! That floor does not bound designs it does not share, so it has a second
 //! [`FloorMode`]: [`FloorMode::Leader`] writes the same records into the
-//! same kind of ring with no thread of its own. The first handler to find
-//! no group being written leads: it gives the others one turn of the
-//! runtime to add theirs, writes and `fdatasync`s what gathered from its
-//! own worker thread (blocking it for the fsync), wakes the rest through a
-//! `watch` channel and leads again while more has gathered. No hand-off to
-//! another thread, no wake-up from outside the runtime: the most a queue
-//! that fsyncs from the runtime's own threads (say, through io_uring
-//! without blocking) could reach.
+//! same kind of ring with no thread of its own. A handler that finds no
+//! group being written leads: it gives the others one turn of the runtime
+//! to add theirs, writes and `fdatasync`s what gathered as one group from
+//! its own worker thread (blocking it for the fsync), gives up the lead and
+//! wakes the rest through a `watch` channel; one whose record came too late
+//! for that group leads the next. No hand-off to another thread, no
+//! wake-up from outside the runtime: about what a queue that fsyncs from
+//! the runtime's own threads could reach (one that did not block them,
+//! through io_uring say, would do a little better). It has no bound on
+//! what gathers: the bench's connections bound it.
 //!
 //! It is a measuring instrument, not a backend: it overwrites what it took,
 //! cannot hand it out, and every other operation fails.
@@ -141,54 +143,82 @@ impl Leader {
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
         let headers_json = headers_json(&message);
         let mut durable = self.durable.subscribe();
-        let (mine, lead) = {
+        let mine = {
             let mut g = self.gathered.lock().map_err(|_| QueueError::Closed)?;
             encode(&mut g.bytes, &message, &headers_json);
             g.last += 1;
-            let lead = !g.leading;
-            g.leading = true;
-            (g.last, lead)
+            g.last
         };
-        if lead {
-            // The leader's linger: one turn of the runtime for the others.
-            tokio::task::yield_now().await;
-            self.lead()?;
-        }
-        let state = durable
-            .wait_for(|d| d.upto >= mine || d.failed.is_some())
-            .await
-            .map_err(|_| QueueError::Closed)?;
-        match &state.failed {
-            Some(e) => Err(QueueError::Storage(format!("floor write failed: {e}"))),
-            None => Ok(Enqueued::New {
-                id: mine.to_string(),
-            }),
+        loop {
+            {
+                let d = durable.borrow_and_update();
+                if d.upto >= mine {
+                    return Ok(Enqueued::New {
+                        id: mine.to_string(),
+                    });
+                }
+                if let Some(e) = &d.failed {
+                    return Err(QueueError::Storage(format!("floor write failed: {e}")));
+                }
+            }
+            if self.try_lead()? {
+                // The leader's linger: one turn of the runtime for the
+                // others. Should this future be dropped meanwhile, the
+                // group is written on the way out, or nobody would.
+                let mut on_drop = WriteOnDrop(Some(self));
+                tokio::task::yield_now().await;
+                on_drop.0 = None;
+                self.write_group()?;
+            } else {
+                durable.changed().await.map_err(|_| QueueError::Closed)?;
+            }
         }
     }
 
-    /// Writes what has gathered, group after group, until nothing has.
-    fn lead(&self) -> Result<(), QueueError> {
-        loop {
-            let (bytes, upto, at) = {
-                let mut g = self.gathered.lock().map_err(|_| QueueError::Closed)?;
-                if g.bytes.is_empty() {
-                    g.leading = false;
-                    return Ok(());
-                }
-                let bytes = std::mem::take(&mut g.bytes);
-                let at = ring_offset(g.end, bytes.len() as u64);
-                g.end = at + bytes.len() as u64;
-                (bytes, g.last, at)
-            };
-            // Blocks this worker thread for the fsync: the design measured.
-            let written = self
-                .file
-                .write_all_at(&bytes, at)
-                .and_then(|()| self.file.sync_data());
-            self.durable.send_modify(|d| match written {
-                Ok(()) => d.upto = upto,
-                Err(e) => d.failed = Some(e.to_string()),
-            });
+    /// Takes the lead if nobody has it and something waits to be written.
+    fn try_lead(&self) -> Result<bool, QueueError> {
+        let mut g = self.gathered.lock().map_err(|_| QueueError::Closed)?;
+        let lead = !g.leading && !g.bytes.is_empty();
+        g.leading |= lead;
+        Ok(lead)
+    }
+
+    /// Writes what has gathered as one group, gives up the lead, then wakes
+    /// the waiters: one whose record came too late for this group leads
+    /// the next (so no handler leads for longer than one group).
+    fn write_group(&self) -> Result<(), QueueError> {
+        let (bytes, upto, at) = {
+            let mut g = self.gathered.lock().map_err(|_| QueueError::Closed)?;
+            let bytes = std::mem::take(&mut g.bytes);
+            let at = ring_offset(g.end, bytes.len() as u64);
+            g.end = at + bytes.len() as u64;
+            (bytes, g.last, at)
+        };
+        // Blocks this worker thread for the fsync: the design measured.
+        let written = self
+            .file
+            .write_all_at(&bytes, at)
+            .and_then(|()| self.file.sync_data());
+        self.gathered
+            .lock()
+            .map_err(|_| QueueError::Closed)?
+            .leading = false;
+        self.durable.send_modify(|d| match written {
+            Ok(()) => d.upto = upto,
+            Err(e) => d.failed = Some(e.to_string()),
+        });
+        Ok(())
+    }
+}
+
+/// Writes the group of a leader dropped before it could.
+struct WriteOnDrop<'a>(Option<&'a Leader>);
+
+impl Drop for WriteOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(leader) = self.0 {
+            // Nobody is left to hear of a failure: the waiters see it.
+            let _ = leader.write_group();
         }
     }
 }
@@ -399,6 +429,35 @@ mod tests {
         };
         assert_eq!(leader.durable.borrow().upto, 500);
         assert!(!leader.gathered.lock().expect("lock").leading);
+    }
+
+    #[tokio::test]
+    async fn a_leader_dropped_before_writing_still_writes_its_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("floor.log");
+        let queue =
+            FloorQueue::open(&path, &QueueConfig::default(), FloorMode::Leader).expect("open");
+        let leader = match &queue.inner {
+            Inner::Leader(leader) => Arc::clone(leader),
+            Inner::OwnThread(_) => unreachable!(),
+        };
+        let first = {
+            let queue = queue.clone();
+            tokio::spawn(async move { queue.enqueue(webhook("evt_1", b"{}")).await })
+        };
+        // One runtime thread: this lets the task run to its linger, leading.
+        tokio::task::yield_now().await;
+        assert!(leader.gathered.lock().expect("lock").leading, "it leads");
+        first.abort();
+        let second = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            queue.enqueue(webhook("evt_2", b"{}")),
+        )
+        .await
+        .expect("the lead was not lost with the dropped leader")
+        .expect("enqueue");
+        assert_eq!(second, Enqueued::New { id: "2".into() });
+        assert_eq!(leader.durable.borrow().upto, 2, "both records written");
     }
 
     async fn writes_every_webhook_before_answering(mode: FloorMode) {

@@ -386,10 +386,10 @@ impl fmt::Display for IngressBenchReport {
             }
         }
         rows.push(("breakwater at 1/2 peak".to_owned(), &self.half_rate));
+        rows.push(("bare hyper at that rate".to_owned(), &self.bare_half_rate));
         if let Some(floor) = &self.floor_half_rate {
             rows.push(("floor, own thread, 1/2 peak".to_owned(), floor));
         }
-        rows.push(("bare hyper at that rate".to_owned(), &self.bare_half_rate));
         for (name, r) in rows {
             let us = |i: usize| r.cpu_us_per_request(i).unwrap_or(0.0);
             let cpu = match (r.cpu_us_per_request(0), r.cpu_us_per_request(1)) {
