@@ -596,11 +596,13 @@ fn apply_env(
 }
 
 /// Where and what: "line N, column C (`section.key`): message", the key
-/// named with the table it sits in (`workers.max_concurrency`,
-/// `source[2].secrets` for the second `[[source]]`). Unlike the
-/// error's own rendering it does not quote the offending line, and it hides
-/// the value in a type error: either may be a secret (`secrets = "whsec_…"`
-/// written as a string, not a list).
+/// named with the table it sits in as validation names it
+/// (`workers.max_concurrency`, `source[0].secrets` in the first
+/// `[[source]]`, `source[1].statement[0].sql`). Unlike the error's own
+/// rendering it does not quote the offending line, and it hides the value
+/// in a type error: either may be a secret (`secrets = "whsec_…"` written
+/// as a string, not a list). A line that is not `key = value` with a bare
+/// key (inside a multi-line string or array, say) names no key.
 fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     let message = hide_values(e.message().trim_end());
     let Some(span) = e.span() else {
@@ -611,61 +613,184 @@ fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     let line = text[..start].matches('\n').count() + 1;
     let column = text[line_start..start].chars().count() + 1;
     let line_text = text[line_start..].lines().next().unwrap_or("");
-    match line_text.split_once('=') {
-        Some((key, _)) if !key.trim().is_empty() => {
+    let key = line_text
+        .split_once('=')
+        .map(|(key, _)| key.trim())
+        .filter(|key| bare_path(key) && starts_a_key(&text[..line_start]));
+    match key {
+        Some(key) => {
             let key = match table_at(&text[..line_start]) {
-                Some(table) => format!("{table}.{}", key.trim()),
-                None => key.trim().to_owned(),
+                Some(table) => format!("{table}.{key}"),
+                None => key.to_owned(),
             };
             format!("line {line}, column {column} (`{key}`): {message}")
         }
-        _ => format!("line {line}, column {column}: {message}"),
+        None => format!("line {line}, column {column}: {message}"),
     }
 }
 
-/// The table that the text after `before` sits in, from the last table
-/// header in `before`: `workers` for `[workers]`, `source[2]` under the
-/// second `[[source]]`; `None` at the top level.
+/// Whether a line after `before` starts outside every string, array and
+/// inline table, where a key can stand (a line inside a multi-line value,
+/// such as a secret pasted unquoted into `secrets = [`, must not be shown
+/// as a key).
+fn starts_a_key(before: &str) -> bool {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Comment,
+        Basic,
+        Literal,
+        MultiBasic,
+        MultiLiteral,
+    }
+    let bytes = before.as_bytes();
+    let (mut at, mut depth, mut state) = (0, 0usize, In::Code);
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let step = match state {
+            In::Code => match rest[0] {
+                b'#' => {
+                    state = In::Comment;
+                    1
+                }
+                b'"' if rest.starts_with(b"\"\"\"") => {
+                    state = In::MultiBasic;
+                    3
+                }
+                b'\'' if rest.starts_with(b"'''") => {
+                    state = In::MultiLiteral;
+                    3
+                }
+                b'"' => {
+                    state = In::Basic;
+                    1
+                }
+                b'\'' => {
+                    state = In::Literal;
+                    1
+                }
+                b'[' | b'{' => {
+                    depth += 1;
+                    1
+                }
+                b']' | b'}' => {
+                    depth = depth.saturating_sub(1);
+                    1
+                }
+                _ => 1,
+            },
+            In::Comment => {
+                if rest[0] == b'\n' {
+                    state = In::Code;
+                }
+                1
+            }
+            In::Basic | In::MultiBasic if rest[0] == b'\\' => 2,
+            In::Basic if rest[0] == b'"' || rest[0] == b'\n' => {
+                state = In::Code;
+                1
+            }
+            In::Literal if rest[0] == b'\'' || rest[0] == b'\n' => {
+                state = In::Code;
+                1
+            }
+            In::MultiBasic if rest.starts_with(b"\"\"\"") => {
+                state = In::Code;
+                3
+            }
+            In::MultiLiteral if rest.starts_with(b"'''") => {
+                state = In::Code;
+                3
+            }
+            _ => 1,
+        };
+        at += step;
+    }
+    depth == 0 && matches!(state, In::Code | In::Comment)
+}
+
+/// Whether `name` is a bare key or a dotted path of bare keys.
+fn bare_path(name: &str) -> bool {
+    name.split('.').all(|part| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+    })
+}
+
+/// The table that the text after `before` sits in, from its table
+/// headers: `workers` under `[workers]`, `source[0]` under the first
+/// `[[source]]`, `source[1].statement[0]` under the first
+/// `[[source.statement]]` of the second source; `None` at the top level,
+/// or under a header this cannot read (a quoted key), rather than a wrong
+/// name.
 fn table_at(before: &str) -> Option<String> {
-    let header = before.lines().rev().find_map(table_header)?;
-    match header {
-        TableHeader::Table(name) => Some(name.to_owned()),
-        TableHeader::ArrayItem(name) => {
-            let nth = before
-                .lines()
-                .filter_map(table_header)
-                .filter(|h| *h == TableHeader::ArrayItem(name))
-                .count();
-            Some(format!("{name}[{nth}]"))
+    // How many items each array of tables has had so far; a new item of
+    // an array starts the arrays nested in it afresh.
+    let mut items: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut last = None;
+    for header in before.lines().filter_map(table_header) {
+        if let TableHeader::ArrayItem(name) = header {
+            *items.entry(name).or_default() += 1;
+            items.retain(|nested, _| {
+                !(nested.len() > name.len()
+                    && nested.starts_with(name)
+                    && nested.as_bytes()[name.len()] == b'.')
+            });
+        }
+        last = Some(header);
+    }
+    let name = match last? {
+        TableHeader::Table(name) | TableHeader::ArrayItem(name) => name,
+        TableHeader::Unreadable => return None,
+    };
+    // Each prefix that is an array of tables gets its current item.
+    let mut path = String::new();
+    for (end, part) in name
+        .match_indices('.')
+        .map(|(i, _)| i)
+        .chain([name.len()])
+        .zip(name.split('.'))
+    {
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(part);
+        if let Some(n) = items.get(&name[..end]) {
+            path.push_str(&format!("[{}]", n - 1));
         }
     }
+    Some(path)
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TableHeader<'a> {
     /// `[name]`
     Table(&'a str),
     /// `[[name]]`
     ArrayItem(&'a str),
+    /// A header with quoted keys or spaced dots: not named.
+    Unreadable,
 }
 
 /// A line's table header, if it is one (a comment may follow it). A line
-/// of a multi-line array starts with `[` too, but holds quotes, commas or
-/// more brackets, which a header of this config's plain names never does.
+/// of a multi-line array may start with `[` too; one holding a comma, or
+/// nothing, is taken for that.
 fn table_header(line: &str) -> Option<TableHeader<'_>> {
     let line = line.split('#').next().unwrap_or("").trim();
-    let plain = |name: &str| {
-        !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    let (inner, array) = match line.strip_prefix("[[").and_then(|l| l.strip_suffix("]]")) {
+        Some(inner) => (inner.trim(), true),
+        None => (line.strip_prefix('[')?.strip_suffix(']')?.trim(), false),
     };
-    if let Some(name) = line.strip_prefix("[[").and_then(|l| l.strip_suffix("]]")) {
-        let name = name.trim();
-        return plain(name).then_some(TableHeader::ArrayItem(name));
+    if inner.is_empty() || inner.contains(',') {
+        return None;
     }
-    let name = line.strip_prefix('[')?.strip_suffix(']')?.trim();
-    plain(name).then_some(TableHeader::Table(name))
+    Some(match (bare_path(inner), array) {
+        (false, _) => TableHeader::Unreadable,
+        (true, true) => TableHeader::ArrayItem(inner),
+        (true, false) => TableHeader::Table(inner),
+    })
 }
 
 /// A deserialization message with the value it quotes hidden: serde quotes
@@ -802,7 +927,7 @@ mod tests {
         let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = \"whsec_topsecret\"\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("line 4"), "{err}");
-        assert!(err.contains("`source[1].secrets`"), "{err}");
+        assert!(err.contains("`source[0].secrets`"), "{err}");
         assert!(!err.contains("topsecret"), "{err}");
     }
 
@@ -812,14 +937,37 @@ mod tests {
                     [[source]]\nname = \"b\"\nschemee = \"github\"\n";
         let err = parse(text).unwrap_err().to_string();
         assert!(err.contains("line 10"), "{err}");
-        assert!(err.contains("`source[2].schemee`"), "{err}");
+        assert!(err.contains("`source[1].schemee`"), "{err}");
         let err = parse("nope = 1\n[ingress]\n").unwrap_err().to_string();
         assert!(err.contains("(`nope`)"), "top level: {err}");
+        // Nested arrays of tables count within their parent item.
+        let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\n\
+                    [[source.statement]]\nsql = \"SELECT 1\"\n\
+                    [[source]]\nname = \"b\"\nscheme = \"github\"\n\
+                    [[source.statement]]\nsqll = \"SELECT 2\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("`source[1].statement[0].sqll`"), "{err}");
+        assert_eq!(
+            table_at("[[source]]\n[[source.statement]]\n[source.statement.params]\n"),
+            Some("source[0].statement[0].params".to_owned())
+        );
+        // What cannot be read is not named rather than misnamed.
+        assert_eq!(table_at("[workers]\n[\"quoted\"]\n"), None);
         assert_eq!(table_header("[ \"a\", \"b\" ]"), None, "an array line");
         assert_eq!(
             table_header(" [breaker.ramp] # steps"),
             Some(TableHeader::Table("breaker.ramp"))
         );
+        // A line inside a multi-line value names no key: a secret pasted
+        // unquoted into a list is not shown.
+        let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = [\n  \"x\",\n  whsec_pasted=\n]\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("line 6"), "{err}");
+        assert!(!err.contains("whsec_pasted"), "{err}");
+        assert!(starts_a_key("a = 1\n[t]\nb = [1, 2]\n"));
+        assert!(!starts_a_key("a = [\n"));
+        assert!(!starts_a_key("a = \"\"\"\nx = ] [\n"));
+        assert!(starts_a_key("a = \"\"\"\n]\"\"\" # [\nb = '[' # \"\n"));
     }
 
     #[test]
