@@ -91,6 +91,17 @@ impl H {
         panic!("probes did not close");
     }
 
+    /// A breaker that tripped, cooled down and passed its probes: at the
+    /// first step of the ramp, with clean windows.
+    fn ramping(cfg: BreakerConfig) -> Self {
+        let mut h = Self::new(cfg);
+        h.trip();
+        h.wait_half_open();
+        h.probes_succeed();
+        assert_eq!(h.b.state(), State::Ramping);
+        h
+    }
+
     fn cool_down_ms(&self) -> u64 {
         self.b.status(self.now).cool_down.map_or(0, |c| c.total_ms)
     }
@@ -289,11 +300,7 @@ fn failure_in_ramp_reopens_with_a_longer_cool_down() {
 
 #[test]
 fn a_failure_among_the_ramps_first_calls_reopens_at_a_trickle_of_traffic() {
-    let mut h = H::new(cfg());
-    h.trip();
-    h.wait_half_open();
-    h.probes_succeed();
-    assert_eq!(h.b.state(), State::Ramping);
+    let mut h = H::ramping(cfg());
     // One call a second: far below the 20 calls the window wants in closed.
     for _ in 0..3 {
         h.outcomes(1, Outcome::success(FAST));
@@ -309,10 +316,7 @@ fn a_failure_among_the_ramps_first_calls_reopens_at_a_trickle_of_traffic() {
 
 #[test]
 fn in_the_ramp_one_failure_is_judged_as_a_ratio_not_alone() {
-    let mut h = H::new(cfg());
-    h.trip();
-    h.wait_half_open();
-    h.probes_succeed();
+    let mut h = H::ramping(cfg());
     h.outcomes(9, Outcome::success(FAST));
     h.outcomes(1, Outcome::dependency(FAST));
     assert_eq!(h.tick(100), None, "1 failure in 10 calls is 10%");
@@ -324,10 +328,7 @@ fn in_the_ramp_one_failure_is_judged_as_a_ratio_not_alone() {
 
 #[test]
 fn a_call_that_began_before_the_ramp_does_not_reopen_it() {
-    let mut h = H::new(cfg());
-    h.trip();
-    h.wait_half_open();
-    h.probes_succeed();
+    let mut h = H::ramping(cfg());
     // Still running when the breaker opened, a minute ago.
     let now = h.now;
     h.b.record_outcome(Outcome::dependency(Duration::from_secs(60)), now);
