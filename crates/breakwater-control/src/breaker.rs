@@ -56,8 +56,8 @@
 //! later ones do once they pass the threshold of the calls in the window
 //! (the ramp's last `window_secs`). A call that began before the windows
 //! were cleared (one still running when the breaker opened, finishing
-//! late) is evidence about that past and is not counted; probe outcomes
-//! always are.
+//! late, or a probe of the half-open period that ended) is evidence about
+//! that past and is not counted.
 //! When several signals trip at once, the reason names the first in the order
 //! of [`crate::SignalKind`]; `status` shows them all.
 //!
@@ -270,8 +270,7 @@ impl<A: ProbeAdmission> Breaker<A> {
     /// dry-run mode while the shadow state is half-open, where every outcome
     /// counts as a probe.
     pub fn record_outcome(&mut self, outcome: Outcome, now: Instant) -> Option<Transition> {
-        let began = now.checked_sub(outcome.latency);
-        if began.zip(self.evidence_since).is_some_and(|(b, e)| b < e) {
+        if self.began_before_the_windows(outcome, now) {
             return None;
         }
         let now_ms = self.ms(now);
@@ -302,8 +301,10 @@ impl<A: ProbeAdmission> Breaker<A> {
         outcome: Outcome,
         now: Instant,
     ) -> Option<Transition> {
-        let now_ms = self.ms(now);
-        self.outcomes.record(outcome, now_ms);
+        if !self.began_before_the_windows(outcome, now) {
+            let now_ms = self.ms(now);
+            self.outcomes.record(outcome, now_ms);
+        }
         let current = self.admission.complete_probe(ticket, now)
             && ticket.period == self.period
             && self.state == State::HalfOpen
@@ -543,6 +544,13 @@ impl<A: ProbeAdmission> Breaker<A> {
     }
 
     // ---- internals ----------------------------------------------------
+
+    /// Whether the call behind `outcome` began before the outcome windows
+    /// were last cleared: evidence about a past they left behind.
+    fn began_before_the_windows(&self, outcome: Outcome, now: Instant) -> bool {
+        let began = now.checked_sub(outcome.latency);
+        began.zip(self.evidence_since).is_some_and(|(b, e)| b < e)
+    }
 
     fn closed_since_ms(&self) -> Option<u64> {
         (self.state == State::Closed).then(|| self.ms(self.since))

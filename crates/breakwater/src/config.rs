@@ -601,8 +601,8 @@ fn apply_env(
 /// `[[source]]`, `source[1].statement[0].sql`). Unlike the error's own
 /// rendering it does not quote the offending line, and it hides the value
 /// in a type error: either may be a secret (`secrets = "whsec_…"` written
-/// as a string, not a list). A line that is not `key = value` with a bare
-/// key (inside a multi-line string or array, say) names no key.
+/// as a string, not a list). A syntax error names no key (see
+/// [`names_a_field`]).
 fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     let message = hide_values(e.message().trim_end());
     let Some(span) = e.span() else {
@@ -616,7 +616,7 @@ fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     let key = line_text
         .split_once('=')
         .map(|(key, _)| key.trim())
-        .filter(|key| bare_path(key) && starts_a_key(&text[..line_start]));
+        .filter(|key| names_a_field(e.message()) && bare_path(key));
     match key {
         Some(key) => {
             let key = match table_at(&text[..line_start]) {
@@ -629,84 +629,21 @@ fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-/// Whether a line after `before` starts outside every string, array and
-/// inline table, where a key can stand (a line inside a multi-line value,
-/// such as a secret pasted unquoted into `secrets = [`, must not be shown
-/// as a key).
-fn starts_a_key(before: &str) -> bool {
-    #[derive(PartialEq)]
-    enum In {
-        Code,
-        Comment,
-        Basic,
-        Literal,
-        MultiBasic,
-        MultiLiteral,
-    }
-    let bytes = before.as_bytes();
-    let (mut at, mut depth, mut state) = (0, 0usize, In::Code);
-    while at < bytes.len() {
-        let rest = &bytes[at..];
-        let step = match state {
-            In::Code => match rest[0] {
-                b'#' => {
-                    state = In::Comment;
-                    1
-                }
-                b'"' if rest.starts_with(b"\"\"\"") => {
-                    state = In::MultiBasic;
-                    3
-                }
-                b'\'' if rest.starts_with(b"'''") => {
-                    state = In::MultiLiteral;
-                    3
-                }
-                b'"' => {
-                    state = In::Basic;
-                    1
-                }
-                b'\'' => {
-                    state = In::Literal;
-                    1
-                }
-                b'[' | b'{' => {
-                    depth += 1;
-                    1
-                }
-                b']' | b'}' => {
-                    depth = depth.saturating_sub(1);
-                    1
-                }
-                _ => 1,
-            },
-            In::Comment => {
-                if rest[0] == b'\n' {
-                    state = In::Code;
-                }
-                1
-            }
-            In::Basic | In::MultiBasic if rest[0] == b'\\' => 2,
-            In::Basic if rest[0] == b'"' || rest[0] == b'\n' => {
-                state = In::Code;
-                1
-            }
-            In::Literal if rest[0] == b'\'' || rest[0] == b'\n' => {
-                state = In::Code;
-                1
-            }
-            In::MultiBasic if rest.starts_with(b"\"\"\"") => {
-                state = In::Code;
-                3
-            }
-            In::MultiLiteral if rest.starts_with(b"'''") => {
-                state = In::Code;
-                3
-            }
-            _ => 1,
-        };
-        at += step;
-    }
-    depth == 0 && matches!(state, In::Code | In::Comment)
+/// Whether `message` is about a field of a file that parsed: serde's
+/// complaints about a key it does not know or a value of the wrong type.
+/// Only then is the error's line a `key = value` line of the document; a
+/// syntax error's line may be anything, a secret pasted unquoted into a
+/// list or a table included, and its text is not shown.
+fn names_a_field(message: &str) -> bool {
+    [
+        "unknown field",
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "unknown variant",
+    ]
+    .iter()
+    .any(|start| message.starts_with(start))
 }
 
 /// Whether `name` is a bare key or a dotted path of bare keys.
@@ -958,16 +895,16 @@ mod tests {
             table_header(" [breaker.ramp] # steps"),
             Some(TableHeader::Table("breaker.ramp"))
         );
-        // A line inside a multi-line value names no key: a secret pasted
-        // unquoted into a list is not shown.
-        let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = [\n  \"x\",\n  whsec_pasted=\n]\n";
-        let err = parse(text).unwrap_err().to_string();
-        assert!(err.contains("line 6"), "{err}");
-        assert!(!err.contains("whsec_pasted"), "{err}");
-        assert!(starts_a_key("a = 1\n[t]\nb = [1, 2]\n"));
-        assert!(!starts_a_key("a = [\n"));
-        assert!(!starts_a_key("a = \"\"\"\nx = ] [\n"));
-        assert!(starts_a_key("a = \"\"\"\n]\"\"\" # [\nb = '[' # \"\n"));
+        // A syntax error names no key: a secret pasted unquoted into a
+        // list, or on a line of its own, is not shown.
+        for text in [
+            "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = [\n  \"x\",\n  whsec_pasted=\n]\n",
+            "[[source]]\nname = \"a\"\nwhsec_pasted==\n",
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains("line "), "{err}");
+            assert!(!err.contains("whsec_pasted"), "{err}");
+        }
     }
 
     #[test]

@@ -341,6 +341,27 @@ fn a_call_that_began_before_the_ramp_does_not_reopen_it() {
 }
 
 #[test]
+fn a_late_probe_of_the_ended_half_open_does_not_reopen_the_ramp() {
+    let mut c = cfg();
+    c.half_open.max_probes = 4;
+    c.half_open.successes_to_close = 3;
+    let mut h = H::new(c);
+    h.trip();
+    h.wait_half_open();
+    let late = h.b.try_admit_probe(h.now).expect("slot");
+    h.advance(5);
+    h.probes_succeed();
+    assert_eq!(h.b.state(), State::Ramping);
+    let now = h.advance(5);
+    assert_eq!(
+        h.b.record_probe_outcome(late, Outcome::dependency(Duration::from_millis(10)), now),
+        None
+    );
+    assert_eq!(h.tick(100), None, "it began before the ramp");
+    assert_eq!(h.b.state(), State::Ramping);
+}
+
+#[test]
 fn closed_still_waits_for_min_calls() {
     let mut h = H::new(cfg());
     h.outcomes(3, Outcome::success(FAST));

@@ -203,8 +203,10 @@ impl Leader {
             .lock()
             .map_err(|_| QueueError::Closed)?
             .leading = false;
+        // `max`: a leader that took the lead after this one cleared it
+        // may have published a later group first.
         self.durable.send_modify(|d| match written {
-            Ok(()) => d.upto = upto,
+            Ok(()) => d.upto = d.upto.max(upto),
             Err(e) => d.failed = Some(e.to_string()),
         });
         Ok(())

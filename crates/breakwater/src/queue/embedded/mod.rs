@@ -68,6 +68,7 @@ impl EmbeddedQueue {
         })?;
         let path = config.path.join(FILE_NAME);
         let writer_conn = store::open(&path).map_err(storage)?;
+        store::recount_pending(&writer_conn).map_err(storage)?;
         let reader = store::open(&path).map_err(storage)?;
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
         let settings = WriterSettings {
@@ -487,9 +488,20 @@ mod tests {
 
     #[tokio::test]
     async fn kept_counts_match_counting_every_row_through_every_operation() {
+        // With acked rows kept for dedup, and deleted at once.
+        for dedup_window_secs in [QueueConfig::default().dedup_window_secs, 0] {
+            counts_match_through_every_operation(dedup_window_secs).await;
+        }
+    }
+
+    async fn counts_match_through_every_operation(dedup_window_secs: u64) {
         use rand::{Rng, SeedableRng};
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join(FILE_NAME);
+        let config = |dir: &Path| QueueConfig {
+            dedup_window_secs,
+            ..config(dir)
+        };
         let mut q = EmbeddedQueue::open(&config(dir.path())).expect("open");
         let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
         let mut held: Vec<Delivery> = Vec::new();
@@ -549,7 +561,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_store_without_the_pending_count_is_counted_when_opened() {
+    async fn a_wrong_pending_count_is_counted_afresh_when_opened() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join(FILE_NAME);
         {
@@ -562,11 +574,11 @@ mod tests {
             let d = q.claim(1, LEASE).await.expect("claim").remove(0);
             q.ack(&d.receipt).await.expect("ack");
         }
-        // As a store written before the count was kept.
+        // As a store written by a binary that did not keep the count.
         rusqlite::Connection::open(&path)
             .expect("open")
-            .execute("DELETE FROM counters WHERE name = 'pending'", [])
-            .expect("delete");
+            .execute("UPDATE counters SET value = 99 WHERE name = 'pending'", [])
+            .expect("spoil");
         let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
         assert_eq!(q.stats().await.expect("stats").visible, 4);
         q.enqueue(msg("e9", None)).await.expect("enqueue");
