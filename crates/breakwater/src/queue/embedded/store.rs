@@ -427,7 +427,8 @@ const HEAD_OF_QUEUE: &str = "SELECT received_at FROM messages WHERE id = (
 /// Counts the pending rows afresh into the `pending` counter, in one
 /// statement under the write lock: a store written by a binary from
 /// before the counter, or one that kept it wrong, is right again from the
-/// next open on (50–70 ms on a backlog of 500k, once per process).
+/// next open on (one pass over the pending part of the ready index, once
+/// per process: a whole `queue stats` on 500k pending took 0.03 s).
 pub(crate) fn recount_pending(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE counters SET value = (SELECT COUNT(*) FROM messages WHERE state = 0)
