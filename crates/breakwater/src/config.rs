@@ -667,7 +667,7 @@ fn table_at(before: &str) -> Option<String> {
     // an array starts the arrays nested in it afresh.
     let mut items: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let mut last = None;
-    for header in before.lines().filter_map(table_header) {
+    for header in top_level_lines(before).filter_map(table_header) {
         if let TableHeader::ArrayItem(name) = header {
             *items.entry(name).or_default() += 1;
             items.retain(|nested, _| {
@@ -699,6 +699,58 @@ fn table_at(before: &str) -> Option<String> {
         }
     }
     Some(path)
+}
+
+/// The lines of `text` that start outside every string, array and inline
+/// table: the only ones that can be table headers (a line of a multi-line
+/// SQL string may well read `[orders]`).
+fn top_level_lines(text: &str) -> impl Iterator<Item = &str> {
+    #[derive(PartialEq)]
+    enum In {
+        Code,
+        Comment,
+        Basic,
+        Literal,
+        MultiBasic,
+        MultiLiteral,
+    }
+    let bytes = text.as_bytes();
+    let mut starts = vec![0];
+    let (mut at, mut depth, mut state) = (0, 0usize, In::Code);
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let (step, next) = match (&state, rest[0]) {
+            (In::Code, b'#') => (1, In::Comment),
+            (In::Code, b'"') if rest.starts_with(b"\"\"\"") => (3, In::MultiBasic),
+            (In::Code, b'\'') if rest.starts_with(b"'''") => (3, In::MultiLiteral),
+            (In::Code, b'"') => (1, In::Basic),
+            (In::Code, b'\'') => (1, In::Literal),
+            (In::Code, b'[' | b'{') => {
+                depth += 1;
+                (1, In::Code)
+            }
+            (In::Code, b']' | b'}') => {
+                depth = depth.saturating_sub(1);
+                (1, In::Code)
+            }
+            (In::Basic | In::MultiBasic, b'\\') => (2, state),
+            (In::Basic, b'"') | (In::Literal, b'\'') => (1, In::Code),
+            (In::MultiBasic, b'"') if rest.starts_with(b"\"\"\"") => (3, In::Code),
+            (In::MultiLiteral, b'\'') if rest.starts_with(b"'''") => (3, In::Code),
+            (In::Comment | In::Basic | In::Literal, b'\n') => (1, In::Code),
+            _ => (1, state),
+        };
+        state = next;
+        at += step;
+        // A header line opens and closes its brackets on itself: what
+        // counts is the depth where a line starts.
+        if at <= bytes.len() && bytes[at - 1] == b'\n' && state == In::Code && depth == 0 {
+            starts.push(at);
+        }
+    }
+    starts
+        .into_iter()
+        .filter_map(move |start| text.get(start..)?.lines().next())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -887,6 +939,15 @@ mod tests {
         assert_eq!(
             table_at("[[source]]\n[[source.statement]]\n[source.statement.params]\n"),
             Some("source[0].statement[0].params".to_owned())
+        );
+        // A header-like line inside a multi-line string is not a header.
+        assert_eq!(
+            table_at("[[source]]\nsql = \"\"\"\n[orders]\n\"\"\"\n"),
+            Some("source[0]".to_owned())
+        );
+        assert_eq!(
+            top_level_lines("a = [\n  1,\n]\n[t] # x\nb = '[u]'\n").collect::<Vec<_>>(),
+            vec!["a = [", "[t] # x", "b = '[u]'"]
         );
         // What cannot be read is not named rather than misnamed.
         assert_eq!(table_at("[workers]\n[\"quoted\"]\n"), None);
