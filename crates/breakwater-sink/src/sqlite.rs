@@ -261,7 +261,7 @@ impl Sink for SqliteSink {
 }
 
 /// VM steps between two looks of the progress handler at [`Limits`]: a
-/// few microseconds of work, so a stop lands within a millisecond or so.
+/// stop lands within that many steps of the running statement.
 const PROGRESS_EVERY: std::os::raw::c_int = 10_000;
 
 /// The running apply's deadline, read by the connection's progress handler
@@ -277,7 +277,7 @@ struct Current {
     apply: u64,
     deadline: Option<Instant>,
     /// An apply told to stop: only ever the current one's number stops it.
-    stopped: u64,
+    stopped: Option<u64>,
 }
 
 impl Limits {
@@ -294,13 +294,13 @@ impl Limits {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .stopped = apply;
+            .stopped = Some(apply);
     }
 
     /// Whether the running statement must stop.
     fn should_stop(&self) -> bool {
         let c = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        c.stopped == c.apply || c.deadline.is_some_and(|d| Instant::now() >= d)
+        c.stopped == Some(c.apply) || c.deadline.is_some_and(|d| Instant::now() >= d)
     }
 }
 
