@@ -22,13 +22,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(feature = "serde")]
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::reason::State;
 
 /// What workers should do right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct GateSnapshot {
     /// The state workers obey (in dry-run mode: always `Closed`).
     pub state: State,

@@ -8,11 +8,15 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 #[cfg(feature = "serde")]
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The breaker's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(Serialize), serde(rename_all = "snake_case"))]
+#[cfg_attr(
+    feature = "serde",
+    derive(Serialize, Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum State {
     /// Normal operation at the full concurrency limit.
     Closed,
@@ -46,7 +50,7 @@ impl fmt::Display for State {
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(
     feature = "serde",
-    derive(Serialize),
+    derive(Serialize, Deserialize),
     serde(tag = "kind", rename_all = "snake_case")
 )]
 pub enum Reason {

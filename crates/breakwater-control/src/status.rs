@@ -5,7 +5,7 @@
 //! process. With the `serde` feature everything here derives `Serialize`.
 
 #[cfg(feature = "serde")]
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::gate::GateSnapshot;
 use crate::reason::{Reason, State};
@@ -13,7 +13,7 @@ use crate::signals::SignalKind;
 
 /// A full picture of the breaker at one instant.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct BreakerStatus {
     /// The breaker's own state (in dry-run mode: what it would enforce).
     pub state: State,
@@ -50,7 +50,7 @@ pub struct BreakerStatus {
 
 /// One signal's reading.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct SignalStatus {
     /// Which signal.
     pub signal: SignalKind,
@@ -68,7 +68,7 @@ pub struct SignalStatus {
 
 /// One past transition.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct TransitionRecord {
     /// State before.
     pub from: State,
@@ -88,7 +88,7 @@ pub struct TransitionRecord {
 
 /// Ramp progress.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct RampStatus {
     /// Current step, from 0.
     pub step: usize,
@@ -104,7 +104,7 @@ pub struct RampStatus {
 
 /// Cool-down progress.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct CoolDownStatus {
     /// Length of this cool-down, milliseconds.
     pub total_ms: u64,
@@ -114,7 +114,7 @@ pub struct CoolDownStatus {
 
 /// Probe progress.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct HalfOpenStatus {
     /// Probes admitted and unanswered.
     pub outstanding: u32,
@@ -128,7 +128,11 @@ pub struct HalfOpenStatus {
 
 /// Which way an operator forced the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(Serialize), serde(rename_all = "snake_case"))]
+#[cfg_attr(
+    feature = "serde",
+    derive(Serialize, Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum OverrideKind {
     /// Forced open: no polling.
     Open,
@@ -138,7 +142,7 @@ pub enum OverrideKind {
 
 /// The manual override in force.
 #[derive(Debug, Clone, PartialEq)]
-#[cfg_attr(feature = "serde", derive(Serialize))]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct OverrideStatus {
     /// Which way.
     pub kind: OverrideKind,

@@ -25,8 +25,7 @@ use breakwater_sink::{Sink, SinkSettings, SinkSetupError, StatementSpec};
 use crate::admin::Admin;
 use crate::config::{BackoffJitter, Config};
 use crate::ingress::Ingress;
-use crate::queue::Queue;
-use crate::queue::embedded::EmbeddedQueue;
+use crate::queue::{OpenMode, Queue};
 use crate::source;
 use crate::worker::lanes::LaneSettings;
 use crate::worker::{Controller, ParkedKeys, WorkerSettings, Workers};
@@ -67,7 +66,9 @@ pub struct Running {
     pub ingress_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     pub queue: Arc<dyn Queue>,
-    pub controller: Arc<Controller>,
+    /// The breaker, in a process that runs workers (an ingress-only one
+    /// runs none: its ingress never waits on it).
+    pub controller: Option<Arc<Controller>>,
     workers: Option<Workers>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -87,8 +88,8 @@ impl Running {
 }
 
 /// Opens the configured queue backend.
-pub fn open_queue(config: &Config) -> Result<Arc<dyn Queue>, ServeError> {
-    Ok(Arc::new(EmbeddedQueue::open(&config.queue)?))
+pub async fn open_queue(config: &Config, mode: OpenMode) -> Result<Arc<dyn Queue>, ServeError> {
+    Ok(crate::queue::open(&config.queue, mode).await?)
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -192,7 +193,6 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
             cap: Duration::from_millis(w.backoff_cap_ms),
         },
         lease: Duration::from_millis(config.queue.lease_ms),
-        retry_in_place: w.retry_in_place,
         lanes: LaneSettings {
             per_key: w.per_key_concurrency,
             max_held: (w.max_concurrency as usize * 4).max(32),
@@ -229,6 +229,16 @@ async fn connect_sink(config: &Config, wait: bool) -> Result<Arc<dyn Sink>, Serv
     }
 }
 
+/// Wraps the sink the workers apply through (the outage lab's naive
+/// consumer adds its in-place retries this way).
+pub type SinkLayer = Box<dyn FnOnce(Arc<dyn Sink>) -> Arc<dyn Sink> + Send>;
+
+/// What a caller may add to a started service beyond its config.
+#[derive(Default)]
+pub struct Hooks {
+    pub sink_layer: Option<SinkLayer>,
+}
+
 /// Starts the service described by `config`. With the role `all` and a
 /// sink that does not answer, it returns only once the sink does, the
 /// ingress and the admin API serving meanwhile.
@@ -237,8 +247,18 @@ pub async fn start(
     role: Role,
     metrics: Option<PrometheusHandle>,
 ) -> Result<Running, ServeError> {
+    start_with(config, role, metrics, Hooks::default()).await
+}
+
+/// [`start`], with [`Hooks`].
+pub async fn start_with(
+    config: &Config,
+    role: Role,
+    metrics: Option<PrometheusHandle>,
+    hooks: Hooks,
+) -> Result<Running, ServeError> {
     let sources = source::compile_all(&config.sources)?;
-    let queue = open_queue(config)?;
+    let queue = open_queue(config, OpenMode::Serve).await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
@@ -271,11 +291,19 @@ pub async fn start(
             error,
         })?;
 
-    let mut breaker_config = config.breaker.clone();
-    // One knob for the pool size: the breaker's maximum is the workers'.
-    breaker_config.max_concurrency = config.workers.max_concurrency;
-    let controller = Controller::new(breaker_config, config.workers.max_concurrency as usize)?;
-    let parked = (role != Role::Ingress).then(ParkedKeys::default);
+    let runs_workers = role != Role::Ingress;
+    let controller = if runs_workers {
+        let mut breaker_config = config.breaker.clone();
+        // One knob for the pool size: the breaker's maximum is the workers'.
+        breaker_config.max_concurrency = config.workers.max_concurrency;
+        Some(Controller::new(
+            breaker_config,
+            config.workers.max_concurrency as usize,
+        )?)
+    } else {
+        None
+    };
+    let parked = runs_workers.then(ParkedKeys::default);
 
     if let Some(metrics) = &metrics {
         tasks.push(spawn_metrics_upkeep(metrics.clone(), stop_rx.clone()));
@@ -284,7 +312,7 @@ pub async fn start(
         metrics,
         queue: Arc::clone(&queue),
         token: config.admin.token.clone(),
-        controller: Arc::clone(&controller),
+        controller: controller.clone(),
         parked: parked.clone(),
     };
     tasks.push(spawn_server(
@@ -295,12 +323,15 @@ pub async fn start(
     tracing::info!(addr = %admin_addr, "admin listening: /metrics /queue/stats /breaker");
 
     let mut workers = None;
-    if let Some(parked) = parked {
+    if let (Some(parked), Some(controller)) = (parked, &controller) {
         // With the ingress in this process, a database that does not answer
         // must not keep it from taking webhooks: they wait in the queue.
-        let sink = connect_sink(config, role == Role::All).await?;
+        let mut sink = connect_sink(config, role == Role::All).await?;
+        if let Some(layer) = hooks.sink_layer {
+            sink = layer(sink);
+        }
         tracing::info!(sink = %crate::config::redact_url(&config.sink.url), "sink ready");
-        tasks.push(tokio::spawn(Arc::clone(&controller).run(
+        tasks.push(tokio::spawn(Arc::clone(controller).run(
             Arc::clone(&queue),
             Arc::clone(&sink),
             stop_rx.clone(),
@@ -308,7 +339,7 @@ pub async fn start(
         workers = Some(Workers::start(
             Arc::clone(&queue),
             sink,
-            Arc::clone(&controller),
+            Arc::clone(controller),
             worker_settings(config),
             parked,
         ));

@@ -9,16 +9,9 @@
 pub const INGRESS_REQUESTS: &str = "breakwater_ingress_requests_total";
 /// Time from request to answer for accepted webhooks, in seconds.
 pub const INGRESS_SECONDS: &str = "breakwater_ingress_request_seconds";
-/// Duration of one group commit of the embedded queue, in seconds.
-pub const QUEUE_COMMIT_SECONDS: &str = "breakwater_queue_commit_seconds";
-/// Time an enqueue waited for the embedded queue's writer to start the
-/// group commit that holds it (the commit in progress, then the linger), in
-/// seconds.
-pub const QUEUE_ENQUEUE_WAIT_SECONDS: &str = "breakwater_queue_enqueue_wait_seconds";
-/// Operations per group commit of the embedded queue.
-pub const QUEUE_COMMIT_BATCH: &str = "breakwater_queue_commit_batch_size";
-/// Event ids held by the embedded queue's in-memory dedup index.
-pub const QUEUE_DEDUP_ENTRIES: &str = "breakwater_queue_dedup_entries";
+/// The embedded queue's own: group commit time and size, enqueue wait, the
+/// dedup index's size.
+pub use breakwater_queue_embedded::telemetry::*;
 /// Queue gauges, by `state` (visible, in_flight, delayed, dead_lettered).
 pub const QUEUE_MESSAGES: &str = "breakwater_queue_messages";
 /// Age of the oldest visible message, in seconds.

@@ -21,7 +21,7 @@
 use std::fmt;
 
 #[cfg(feature = "serde")]
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::reason::Reason;
 
@@ -32,7 +32,11 @@ pub mod queue;
 
 /// Which signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(Serialize), serde(rename_all = "snake_case"))]
+#[cfg_attr(
+    feature = "serde",
+    derive(Serialize, Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum SignalKind {
     /// Dependency failure ratio.
     FailureRatio,

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 #[cfg(feature = "serde")]
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Reading;
 use crate::config::{FailureRatioConfig, SlowCallConfig};
@@ -18,7 +18,11 @@ use crate::window::{Bucket, RollingWindow};
 
 /// How a call to the dependency ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(Serialize), serde(rename_all = "snake_case"))]
+#[cfg_attr(
+    feature = "serde",
+    derive(Serialize, Deserialize),
+    serde(rename_all = "snake_case")
+)]
 pub enum OutcomeClass {
     /// Applied.
     Success,

@@ -1,9 +1,10 @@
-//! A small client of the admin API, for the CLI (`breaker status|trip|reset`,
+//! A small typed client of the admin API, for the CLI (`breaker status|trip|reset`,
 //! and `dlq replay`, which waits while the breaker is open).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use breakwater_admin_api::ErrorBody;
 use bytes::Bytes;
 use http::{Method, header};
 use http_body_util::{BodyExt, Full};
@@ -17,17 +18,18 @@ pub enum AdminClientError {
     Unreachable { addr: SocketAddr, detail: String },
     #[error("admin API answered {status}: {body}")]
     Status { status: u16, body: String },
-    #[error("admin API answered something that is not JSON: {0}")]
+    #[error("admin API answered something this client cannot read: {0}")]
     Json(#[from] serde_json::Error),
 }
 
-/// Calls `method path` on the admin listener and returns its JSON.
-pub async fn call(
+/// Calls `method path` on the admin listener and reads its answer as `T`
+/// (a type of `breakwater-admin-api`).
+pub async fn call<T: serde::de::DeserializeOwned>(
     addr: SocketAddr,
     token: Option<&str>,
     method: Method,
     path_and_query: &str,
-) -> Result<serde_json::Value, AdminClientError> {
+) -> Result<T, AdminClientError> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut req = http::Request::builder()
         .method(method)
@@ -51,9 +53,13 @@ pub async fn call(
         .map_err(|e| unreachable(e.to_string()))?
         .to_bytes();
     if !status.is_success() {
+        let body = match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(e) => format!("{}: {}", e.error, e.detail),
+            Err(_) => String::from_utf8_lossy(&body).into_owned(),
+        };
         return Err(AdminClientError::Status {
             status: status.as_u16(),
-            body: String::from_utf8_lossy(&body).into_owned(),
+            body,
         });
     }
     Ok(serde_json::from_slice(&body)?)

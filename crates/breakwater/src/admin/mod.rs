@@ -1,13 +1,21 @@
-//! The admin listener: metrics and operator endpoints.
+//! The admin listener: metrics and operator endpoints, answering the typed
+//! requests and answers of `breakwater-admin-api`.
 //!
 //! - `GET /metrics`: Prometheus text format;
-//! - `GET /queue/stats`: the queue's counts as JSON;
-//! - `GET /breaker`: state, reason, limit, every signal with its value and
-//!   threshold, recent transitions, parked hot keys;
+//! - `GET /queue/stats`: the queue's counts;
+//! - `GET /dlq?limit=N&after=ID`, `GET /dlq/{id}`: dead letters, on every
+//!   backend (through the queue contract);
+//! - `GET /breaker`: where the breaker runs and, in a process that runs it,
+//!   its state, reason, limit, every signal with its value and threshold,
+//!   recent transitions, parked hot keys;
 //! - `POST /breaker/trip?ttl_secs=N&note=TEXT`: force open (manual trip);
 //! - `POST /breaker/reset[?force_closed=true&ttl_secs=N]`: end the manual
 //!   override (or force closed);
 //! - `GET /healthz`.
+//!
+//! An ingress-only process runs no breaker (its ingress never consults
+//! one): its `/breaker` says the breaker runs with the workers, and trip
+//! and reset answer 409 `no_breaker`.
 //!
 //! When `[admin] token` is set every request needs
 //! `Authorization: Bearer <token>` (required by `config check` when the
@@ -16,18 +24,20 @@
 pub mod client;
 
 use std::sync::Arc;
-
 use std::time::Duration;
 
-use axum::extract::{Query, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use breakwater_admin_api::{
+    BreakerLocation, BreakerView, DlqList, ErrorBody, ResetQuery, TransitionAnswer, TripQuery,
+};
 use http::{StatusCode, header};
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::queue::Queue;
+use crate::queue::{DlqPage, Queue, QueueError};
 use crate::worker::{Controller, ParkedKeys};
 
 /// State of the admin handlers.
@@ -35,10 +45,14 @@ pub struct Admin {
     pub metrics: Option<PrometheusHandle>,
     pub queue: Arc<dyn Queue>,
     pub token: Option<String>,
-    pub controller: Arc<Controller>,
+    /// The breaker, in a process that runs workers.
+    pub controller: Option<Arc<Controller>>,
     /// Hot keys parked by the lanes (workers role only).
     pub parked: Option<ParkedKeys>,
 }
+
+/// Most dead letters one `GET /dlq` returns.
+const DLQ_PAGE_MAX: usize = 1000;
 
 impl Admin {
     /// The admin router.
@@ -47,6 +61,8 @@ impl Admin {
         Router::new()
             .route("/metrics", get(render_metrics))
             .route("/queue/stats", get(queue_stats))
+            .route("/dlq", get(dlq_list))
+            .route("/dlq/{id}", get(dlq_show))
             .route("/breaker", get(breaker_status))
             .route("/breaker/trip", post(breaker_trip))
             .route("/breaker/reset", post(breaker_reset))
@@ -56,6 +72,17 @@ impl Admin {
                 authorize,
             ))
             .with_state(state)
+    }
+}
+
+fn error(status: StatusCode, code: &str, detail: impl Into<String>) -> Response {
+    (status, Json(ErrorBody::new(code, detail))).into_response()
+}
+
+fn queue_error(e: &QueueError) -> Response {
+    match e {
+        QueueError::NotFound { .. } => error(StatusCode::NOT_FOUND, "not_found", e.to_string()),
+        _ => error(StatusCode::SERVICE_UNAVAILABLE, "queue", e.to_string()),
     }
 }
 
@@ -71,13 +98,11 @@ async fn authorize(State(admin): State<Arc<Admin>>, request: Request, next: Next
             bool::from(p.as_bytes().ct_eq(token.as_bytes()))
         });
         if !ok {
-            return (
+            return error(
                 StatusCode::UNAUTHORIZED,
-                Json(
-                    serde_json::json!({"error": "unauthorized", "detail": "admin token required"}),
-                ),
-            )
-                .into_response();
+                "unauthorized",
+                "admin token required",
+            );
         }
     }
     next.run(request).await
@@ -97,55 +122,90 @@ async fn render_metrics(State(admin): State<Arc<Admin>>) -> Response {
 async fn queue_stats(State(admin): State<Arc<Admin>>) -> Response {
     match admin.queue.stats().await {
         Ok(stats) => Json(stats).into_response(),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({"error": "queue", "detail": e.to_string()})),
-        )
-            .into_response(),
+        Err(e) => queue_error(&e),
+    }
+}
+
+async fn dlq_list(State(admin): State<Arc<Admin>>, Query(page): Query<DlqPage>) -> Response {
+    let page = DlqPage {
+        limit: page.limit.clamp(1, DLQ_PAGE_MAX),
+        after: page.after,
+    };
+    match admin.queue.dlq_list(&page).await {
+        Ok(items) => {
+            let next_after = (items.len() == page.limit)
+                .then(|| items.last().map(|d| d.id.clone()))
+                .flatten();
+            Json(DlqList { items, next_after }).into_response()
+        }
+        Err(e) => queue_error(&e),
+    }
+}
+
+async fn dlq_show(State(admin): State<Arc<Admin>>, Path(id): Path<String>) -> Response {
+    match admin.queue.dlq_show(&id).await {
+        Ok(d) => Json(d).into_response(),
+        Err(e) => queue_error(&e),
     }
 }
 
 async fn breaker_status(State(admin): State<Arc<Admin>>) -> Response {
-    let parked = admin
-        .parked
-        .as_ref()
-        .and_then(|p| p.lock().ok().map(|p| p.clone()))
-        .unwrap_or_default();
-    Json(serde_json::json!({
-        "breaker": admin.controller.status(),
-        "parked_keys": parked,
-        "db_lock_waiters": admin.controller.last_lock_waiters(),
-    }))
+    let view = match &admin.controller {
+        Some(controller) => BreakerView {
+            location: BreakerLocation::Local,
+            breaker: Some(controller.status()),
+            parked_keys: admin
+                .parked
+                .as_ref()
+                .and_then(|p| p.lock().ok().map(|p| p.clone()))
+                .unwrap_or_default(),
+            db_lock_waiters: controller.last_lock_waiters(),
+        },
+        None => BreakerView {
+            location: ingress_only(),
+            breaker: None,
+            parked_keys: Vec::new(),
+            db_lock_waiters: None,
+        },
+    };
+    Json(view).into_response()
+}
+
+/// What an ingress-only process says of the breaker.
+const RUNS_WITH_THE_WORKERS: &str = "this process runs only the ingress, which never waits on \
+     the breaker; the breaker runs in the worker processes (ask their admin API)";
+
+fn ingress_only() -> BreakerLocation {
+    BreakerLocation::WithTheWorkers {
+        detail: RUNS_WITH_THE_WORKERS.to_owned(),
+    }
+}
+
+fn no_breaker() -> Response {
+    error(StatusCode::CONFLICT, "no_breaker", RUNS_WITH_THE_WORKERS)
+}
+
+async fn breaker_trip(State(admin): State<Arc<Admin>>, Query(q): Query<TripQuery>) -> Response {
+    let Some(controller) = &admin.controller else {
+        return no_breaker();
+    };
+    let note = q.note.unwrap_or_else(|| "manual trip".to_owned());
+    let t = controller.trip(&note, q.ttl_secs.map(Duration::from_secs));
+    Json(TransitionAnswer {
+        transition: Some(t.to_string()),
+        state: t.to,
+    })
     .into_response()
 }
 
-/// Query of `POST /breaker/trip` and `/breaker/reset`.
-#[derive(Debug, serde::Deserialize)]
-struct OverrideQuery {
-    ttl_secs: Option<u64>,
-    note: Option<String>,
-    #[serde(default)]
-    force_closed: bool,
-}
-
-async fn breaker_trip(State(admin): State<Arc<Admin>>, Query(q): Query<OverrideQuery>) -> Response {
-    let note = q.note.unwrap_or_else(|| "manual trip".to_owned());
-    let t = admin
-        .controller
-        .trip(&note, q.ttl_secs.map(Duration::from_secs));
-    Json(serde_json::json!({"transition": t.to_string(), "state": t.to.as_str()})).into_response()
-}
-
-async fn breaker_reset(
-    State(admin): State<Arc<Admin>>,
-    Query(q): Query<OverrideQuery>,
-) -> Response {
-    let t = admin
-        .controller
-        .reset(q.force_closed, q.ttl_secs.map(Duration::from_secs));
-    Json(serde_json::json!({
-        "transition": t.as_ref().map(ToString::to_string),
-        "state": admin.controller.gate().state.as_str(),
-    }))
+async fn breaker_reset(State(admin): State<Arc<Admin>>, Query(q): Query<ResetQuery>) -> Response {
+    let Some(controller) = &admin.controller else {
+        return no_breaker();
+    };
+    let t = controller.reset(q.force_closed, q.ttl_secs.map(Duration::from_secs));
+    Json(TransitionAnswer {
+        transition: t.as_ref().map(ToString::to_string),
+        state: controller.gate().state,
+    })
     .into_response()
 }

@@ -6,6 +6,7 @@
 //! parses the extractors once, so the ingress does no parsing of config per
 //! request. The [`pointer`] module reads the JSON pointers out of a body.
 
+pub mod config;
 mod pointer;
 
 use std::collections::HashMap;
@@ -19,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 pub use self::pointer::Pointer;
 
-use crate::config::{HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig};
+use self::config::{HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig};
 
 /// Headers kept with a message besides those the source's extractors name.
 const KEPT_HEADERS: &[&str] = &[
@@ -276,6 +277,26 @@ pub fn compile_all(configs: &[SourceConfig]) -> Result<Sources, SourceError> {
             Source::compile(c, |v| std::env::var(v).ok()).map(|s| (c.name.clone(), Arc::new(s)))
         })
         .collect()
+}
+
+/// Checks every extractor spec of `source` (`event_id`, `entity_key`, each
+/// statement parameter); the error names the field relative to the source
+/// (`entity_key`, `statement[0].params.status`).
+pub fn check_extractors(source: &SourceConfig) -> Result<(), (String, String)> {
+    for (field, value) in [
+        ("event_id", &source.event_id),
+        ("entity_key", &source.entity_key),
+    ] {
+        if let Some(v) = value {
+            Extractor::parse(v).map_err(|m| (field.to_owned(), m))?;
+        }
+    }
+    for (j, st) in source.statements.iter().enumerate() {
+        for (name, v) in &st.params {
+            Extractor::parse(v).map_err(|m| (format!("statement[{j}].params.{name}"), m))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

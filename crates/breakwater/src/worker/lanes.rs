@@ -107,13 +107,8 @@ impl Default for LaneSettings {
     }
 }
 
-/// A parked key, for status output.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct ParkedKey {
-    pub key: String,
-    pub remaining_ms: u64,
-    pub strikes: u32,
-}
+/// A parked key, for status output (the admin API's type).
+pub use breakwater_admin_api::ParkedKey;
 
 /// The lanes of every key.
 #[derive(Debug)]

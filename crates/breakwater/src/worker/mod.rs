@@ -29,7 +29,6 @@
 //! running applies finish (up to [`SHUTDOWN_GRACE`], then aborts them and
 //! releases their messages) and releases what waits in the lanes.
 
-pub mod controller;
 pub mod lanes;
 
 use std::collections::HashMap;
@@ -37,7 +36,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use breakwater_control::{BackoffPolicy, Outcome, OutcomeClass, ProbeTicket};
+use breakwater_control::{BackoffPolicy, GateSnapshot, Outcome, OutcomeClass, ProbeTicket};
 use breakwater_sink::{Applied, Event, FailureClass, Sink, SinkError};
 use futures_util::FutureExt;
 use rand::SeedableRng;
@@ -45,9 +44,9 @@ use rand::rngs::SmallRng;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use self::controller::Controller;
 use self::lanes::{Admit, LaneOutcome, LaneSettings, Lanes, ParkedKey};
-use crate::queue::{DeadLetterReason, Delivery, Queue, Receipt};
+pub use crate::breaker::Controller;
+use crate::queue::{DeadLetterReason, Delivery, Flow, Queue, Receipt};
 use crate::telemetry;
 
 /// Longest wait for running applies at shutdown; those still running then
@@ -76,10 +75,6 @@ pub struct WorkerSettings {
     pub backoff: BackoffPolicy,
     pub lease: Duration,
     pub lanes: LaneSettings,
-    /// Retry a dependency failure at once in the same worker, sleeping the
-    /// backoff while holding the slot, instead of through the queue: the
-    /// naive consumer's habit, kept for the outage lab's comparison only.
-    pub retry_in_place: bool,
 }
 
 /// A message on its way through a worker.
@@ -144,7 +139,6 @@ async fn apply_once(
     job: &Job,
 ) -> Result<Applied, SinkError> {
     let started = Instant::now();
-    controller.count_apply();
     let result = {
         let _slot = controller.slots.begin(started);
         let m = &job.delivery.message;
@@ -200,6 +194,7 @@ impl Workers {
             settling: JoinSet::new(),
             rng: SmallRng::from_os_rng(),
             parked: Arc::clone(&parked),
+            flow_set_for: None,
         };
         let task = tokio::spawn(dispatcher.run(stop_rx));
         Self { stop, task }
@@ -225,6 +220,8 @@ struct Dispatcher {
     settling: JoinSet<()>,
     rng: SmallRng,
     parked: ParkedKeys,
+    /// The gate generation the queue's flow was last set for.
+    flow_set_for: Option<u32>,
 }
 
 impl Dispatcher {
@@ -242,6 +239,7 @@ impl Dispatcher {
                 self.extend_leases();
             }
             let gate = self.controller.gate();
+            self.follow_gate(gate).await;
             if !gate.may_poll {
                 self.release_held(Duration::ZERO);
                 self.wait(&mut stop, Duration::from_millis(250)).await;
@@ -294,6 +292,33 @@ impl Dispatcher {
         self.shut_down().await;
     }
 
+    /// Sets the queue's flow from the gate once per transition: a push
+    /// broker stops delivering when the breaker opens, takes only the
+    /// probes half-open, and its prefetch follows the ramp. A failure is
+    /// tried again at the next turn of the loop.
+    async fn follow_gate(&mut self, gate: GateSnapshot) {
+        if self.flow_set_for == Some(gate.generation) {
+            return;
+        }
+        let flow = if !gate.may_poll {
+            Flow::Paused
+        } else if gate.probe_only {
+            Flow::Probing {
+                probes: gate.limit.max(1),
+            }
+        } else {
+            Flow::Flowing {
+                limit: gate.limit.min(self.settings.max_concurrency).max(1),
+            }
+        };
+        match self.queue.set_flow(flow).await {
+            Ok(()) => self.flow_set_for = Some(gate.generation),
+            Err(e) => {
+                tracing::warn!(error = %e, ?flow, "cannot set the queue's flow; trying again")
+            }
+        }
+    }
+
     /// Routes one claimed message through the lanes (and, half-open, the
     /// probe admission).
     fn admit(&mut self, delivery: Delivery, probe_only: bool) {
@@ -328,29 +353,13 @@ impl Dispatcher {
         }
     }
 
-    fn spawn_apply(&mut self, mut job: Job) {
+    fn spawn_apply(&mut self, job: Job) {
         let sink = Arc::clone(&self.sink);
         let controller = Arc::clone(&self.controller);
-        let in_place = self
-            .settings
-            .retry_in_place
-            .then_some((self.settings.max_attempts, self.settings.backoff));
         let held = (job.delivery.receipt.clone(), job.key().map(str::to_owned));
         let task = self.running.spawn(async move {
-            loop {
-                let result = apply_guarded(sink.as_ref(), &controller, &job).await;
-                // The naive habit: retry here, holding the worker.
-                if let (Err(e), Some((max_attempts, backoff))) = (&result, &in_place) {
-                    let m = &mut job.delivery.message;
-                    if e.class == FailureClass::Dependency && m.attempts + 1 < *max_attempts {
-                        m.attempts += 1;
-                        let mut rng = SmallRng::from_os_rng();
-                        tokio::time::sleep(backoff.delay(m.attempts, None, &mut rng)).await;
-                        continue;
-                    }
-                }
-                return Done { job, result };
-            }
+            let result = apply_guarded(sink.as_ref(), &controller, &job).await;
+            Done { job, result }
         });
         self.receipts.insert(task.id(), held);
     }
@@ -617,10 +626,9 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::QueueConfig;
     use crate::queue::NewMessage;
-    use crate::queue::embedded::EmbeddedQueue;
     use breakwater_control::BreakerConfig;
+    use breakwater_queue_embedded::{EmbeddedConfig, EmbeddedQueue};
 
     /// A sink whose apply always panics (a bug in a sink, at the unit level).
     struct PanickingSink;
@@ -642,13 +650,7 @@ mod tests {
         event_ids: &[&str],
         key: Option<&str>,
     ) -> Arc<EmbeddedQueue> {
-        let queue = Arc::new(
-            EmbeddedQueue::open(&QueueConfig {
-                path: dir.to_owned(),
-                ..QueueConfig::default()
-            })
-            .expect("queue"),
-        );
+        let queue = Arc::new(EmbeddedQueue::open(&EmbeddedConfig::at(dir)).expect("queue"));
         for event_id in event_ids {
             queue
                 .enqueue(NewMessage {
@@ -673,7 +675,6 @@ mod tests {
             backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
             lease,
             lanes: LaneSettings::default(),
-            retry_in_place: false,
         }
     }
 
@@ -705,14 +706,18 @@ mod tests {
             ParkedKeys::default(),
         );
         let deadline = Instant::now() + Duration::from_secs(5);
-        while queue.stats().await.expect("stats").in_flight == 0 {
+        while queue.stats().await.expect("stats").in_flight == Some(0) {
             assert!(Instant::now() < deadline, "the message was never claimed");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         workers.shutdown().await;
         // Visible again at once, not after its 10-minute lease.
         let stats = queue.stats().await.expect("stats");
-        assert_eq!((stats.visible, stats.in_flight), (1, 0), "{stats:?}");
+        assert_eq!(
+            (stats.visible, stats.in_flight),
+            (Some(1), Some(0)),
+            "{stats:?}"
+        );
         let again = queue.claim(1, Duration::from_secs(1)).await.expect("claim");
         assert_eq!(again.len(), 1);
         assert_eq!(
@@ -739,7 +744,11 @@ mod tests {
         // (and claimed by the next claim) after the first.
         tokio::time::sleep(lease * 4).await;
         let stats = queue.stats().await.expect("stats");
-        assert_eq!((stats.visible, stats.in_flight), (0, 1), "{stats:?}");
+        assert_eq!(
+            (stats.visible, stats.in_flight),
+            (Some(0), Some(1)),
+            "{stats:?}"
+        );
         let second = queue.claim(1, lease).await.expect("claim");
         assert!(second.is_empty(), "claimed twice: {second:?}");
         workers.shutdown().await;
@@ -765,7 +774,10 @@ mod tests {
         let mut dead = Vec::new();
         while Instant::now() < deadline && dead.len() < 2 {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            dead = queue.dead_letters(10).await.expect("dead letters");
+            dead = queue
+                .dlq_list(&crate::queue::DlqPage::first(10))
+                .await
+                .expect("dead letters");
         }
         workers.shutdown().await;
         assert_eq!(dead.len(), 2, "both dead-lettered: {dead:?}");

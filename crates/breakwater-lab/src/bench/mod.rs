@@ -83,9 +83,10 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
 pub use self::load::{LoadReport, LoadSpec};
-use crate::config::{Config, QueueConfig, SchemeName, SourceConfig};
-use crate::serve::{self, Role};
-use crate::telemetry;
+use breakwater::config::{Config, SchemeName, SourceConfig};
+use breakwater::serve::{self, Role};
+use breakwater::telemetry;
+use breakwater_queue_embedded::EmbeddedConfig;
 
 /// Options of `breakwater bench ingress`.
 #[derive(Debug, Clone, clap::Args)]
@@ -686,10 +687,7 @@ pub fn bench_config(dir: &std::path::Path) -> Config {
     let mut config = Config::default();
     config.ingress.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.admin.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    config.queue = QueueConfig {
-        path: dir.to_owned(),
-        ..QueueConfig::default()
-    };
+    config.queue = EmbeddedConfig::at(dir).section();
     config.sources.push(SourceConfig {
         event_id: Some("json:/id".to_owned()),
         entity_key: Some("json:/data/object/id".to_owned()),
@@ -705,10 +703,11 @@ async fn start_floor(
     dir: &std::path::Path,
     mode: floor::FloorMode,
 ) -> anyhow::Result<SocketAddr> {
-    let sources = crate::source::compile_all(&config.sources)?;
+    let sources = breakwater::source::compile_all(&config.sources)?;
     let file = dir.join(format!("floor-{mode:?}.log"));
-    let queue = floor::FloorQueue::open(&file, &config.queue, mode)?;
-    let router = crate::ingress::Ingress::new(
+    let embedded = EmbeddedConfig::from_section(&config.queue)?;
+    let queue = floor::FloorQueue::open(&file, &embedded, mode)?;
+    let router = breakwater::ingress::Ingress::new(
         &sources,
         std::sync::Arc::new(queue),
         config.ingress.max_body_bytes,

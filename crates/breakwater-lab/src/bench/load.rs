@@ -318,7 +318,7 @@ async fn worker_loop(
         let event_id = format!("evt_{}_{worker}_{n}", spec.run_tag);
         let object_id = format!("pi_{}", n % 1000);
         let body = stripe_body(&event_id, &object_id, spec.body_bytes);
-        let now_unix = crate::ingress::unix_now();
+        let now_unix = breakwater::ingress::unix_now();
         let headers = breakwater_verify::sign(&scheme, &spec.secret, &body, now_unix, &event_id)
             .context("signing failed")?;
         let mut request = hyper::Request::post(&spec.path)

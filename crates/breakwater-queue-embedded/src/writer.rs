@@ -19,7 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::dedup::{self, DedupIndex};
 use super::store;
-use crate::queue::{Delivery, Enqueued, Message, NewMessage, QueueError, Receipt};
+use breakwater_queue::{Delivery, Enqueued, Message, NewMessage, QueueError, Receipt};
+
+use crate::LeaseToken;
 
 /// The reply channel of an operation.
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
@@ -47,7 +49,7 @@ impl Incoming {
 }
 
 /// A message's headers as the store keeps them: a JSON array of pairs.
-pub(crate) fn headers_json(message: &NewMessage) -> String {
+pub fn headers_json(message: &NewMessage) -> String {
     serde_json::to_string(&message.headers).unwrap_or_else(|_| "[]".to_owned())
 }
 
@@ -160,7 +162,7 @@ pub(crate) fn now_ms() -> i64 {
 const SLOW: Duration = Duration::from_millis(20);
 
 /// Batches smaller than this wait [`LINGER`] once for more operations.
-pub(crate) const LINGER_BELOW: usize = 32;
+pub const LINGER_BELOW: usize = 32;
 /// Shorter than the WAL fsync it saves, so a small batch never waits
 /// longer for company than its commit takes. Under `bench ingress` at half
 /// the peak rate (four interleaved runs each, on a disk whose `fdatasync`
@@ -169,11 +171,11 @@ pub(crate) const LINGER_BELOW: usize = 32;
 /// ms against 3.86–4.74 (and one 26 ms run with a stall). At full load
 /// more batches now commit below [`LINGER_BELOW`] (27.8 operations per
 /// commit on average against about 35), and the rate did not move.
-pub(crate) const LINGER: Duration = Duration::from_micros(100);
+pub const LINGER: Duration = Duration::from_micros(100);
 
 /// Moves what has queued on `rx` into `batch`, up to `max` in all, without
 /// waiting.
-pub(crate) fn drain<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max: usize) {
+pub fn drain<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max: usize) {
     while batch.len() < max {
         match rx.try_recv() {
             Ok(op) => batch.push(op),
@@ -386,7 +388,7 @@ fn run_op(
                 .into_iter()
                 .map(|(id, message)| Delivery {
                     message,
-                    receipt: Receipt::Embedded { id, lease: token },
+                    receipt: Receipt::new(LeaseToken { id, lease: token }),
                 })
                 .collect();
             finish(reply, Ok(deliveries))

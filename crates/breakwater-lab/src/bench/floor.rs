@@ -41,9 +41,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::config::QueueConfig;
-use crate::queue::embedded::writer::{LINGER, LINGER_BELOW, drain, headers_json};
-use crate::queue::{Delivery, Enqueued, NewMessage, Queue, QueueError, QueueStats, Receipt};
+use breakwater::queue::{
+    Capabilities, DeadLetter, Delivery, DlqPage, Enqueued, Flow, NewMessage, Queue, QueueError,
+    QueueStats, Receipt,
+};
+use breakwater_queue_embedded::EmbeddedConfig;
+use breakwater_queue_embedded::writer::{LINGER, LINGER_BELOW, drain, headers_json};
 
 type Reply = oneshot::Sender<Result<Enqueued, QueueError>>;
 
@@ -83,7 +86,7 @@ impl FloorQueue {
     /// it starts the thread that writes to it, with the embedded queue's
     /// `max_batch` and `max_pending` from `config`; the thread ends when
     /// the last clone is dropped.
-    pub fn open(path: &Path, config: &QueueConfig, mode: FloorMode) -> Result<Self, QueueError> {
+    pub fn open(path: &Path, config: &EmbeddedConfig, mode: FloorMode) -> Result<Self, QueueError> {
         let file = preallocate(path, RING_BYTES)
             .map_err(|e| QueueError::Storage(format!("cannot create {}: {e}", path.display())))?;
         let inner = match mode {
@@ -304,6 +307,43 @@ fn not_a_backend() -> QueueError {
 
 #[async_trait]
 impl Queue for FloorQueue {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_delay: false,
+            native_dedup: false,
+            counts_attempts: false,
+            counts_receives: false,
+            filters_keys: false,
+            push: false,
+            stats: &[],
+        }
+    }
+
+    async fn set_flow(&self, _flow: Flow) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn dlq_list(&self, _page: &DlqPage) -> Result<Vec<DeadLetter>, QueueError> {
+        Err(not_a_backend())
+    }
+
+    async fn dlq_show(&self, _id: &str) -> Result<DeadLetter, QueueError> {
+        Err(not_a_backend())
+    }
+
+    async fn dlq_replay(
+        &self,
+        _ids: &[String],
+        _max_replays: u32,
+        _limit: usize,
+    ) -> Result<Vec<String>, QueueError> {
+        Err(not_a_backend())
+    }
+
+    async fn dlq_purge(&self, _ids: &[String]) -> Result<usize, QueueError> {
+        Err(not_a_backend())
+    }
+
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
         let ops = match &self.inner {
             Inner::OwnThread(ops) => ops,
@@ -316,7 +356,12 @@ impl Queue for FloorQueue {
             headers_json,
             reply,
         })
-        .map_err(|e| QueueError::not_taken(&e, ops.max_capacity()))?;
+        .map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => QueueError::Full {
+                pending: ops.max_capacity(),
+            },
+            mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+        })?;
         answer.await.map_err(|_| QueueError::Closed)?
     }
 
@@ -352,7 +397,7 @@ impl Queue for FloorQueue {
     async fn dead_letter(
         &self,
         _receipt: &Receipt,
-        _reason: &crate::queue::DeadLetterReason,
+        _reason: &breakwater::queue::DeadLetterReason,
     ) -> Result<(), QueueError> {
         Err(not_a_backend())
     }
@@ -393,7 +438,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("floor.log");
         let queue =
-            FloorQueue::open(&path, &QueueConfig::default(), FloorMode::Leader).expect("open");
+            FloorQueue::open(&path, &EmbeddedConfig::default(), FloorMode::Leader).expect("open");
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..500 {
             let queue = queue.clone();
@@ -438,7 +483,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("floor.log");
         let queue =
-            FloorQueue::open(&path, &QueueConfig::default(), FloorMode::Leader).expect("open");
+            FloorQueue::open(&path, &EmbeddedConfig::default(), FloorMode::Leader).expect("open");
         let leader = match &queue.inner {
             Inner::Leader(leader) => Arc::clone(leader),
             Inner::OwnThread(_) => unreachable!(),
@@ -465,7 +510,7 @@ mod tests {
     async fn writes_every_webhook_before_answering(mode: FloorMode) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("floor.log");
-        let queue = FloorQueue::open(&path, &QueueConfig::default(), mode).expect("open");
+        let queue = FloorQueue::open(&path, &EmbeddedConfig::default(), mode).expect("open");
         let first = queue.enqueue(webhook("evt_1", b"{\"a\":1}")).await;
         let second = queue.enqueue(webhook("evt_2", b"{\"b\":22}")).await;
         assert_eq!(first.expect("first"), Enqueued::New { id: "1".into() });

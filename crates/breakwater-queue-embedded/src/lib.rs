@@ -1,5 +1,6 @@
 //! The embedded queue: the single-node default, a SQLite database in WAL
-//! mode under the data directory (`queue.db` in `[queue] path`).
+//! mode under the data directory (`queue.db` in `[queue] path`), as a
+//! backend of the queue contract ([`breakwater_queue::Queue`]).
 //!
 //! - [`store`] holds the schema and the SQL (the on-disk format is
 //!   documented there).
@@ -7,10 +8,15 @@
 //!   operations in groups so concurrent webhooks share an fsync.
 //! - [`dedup`] is the writer's in-memory index of the event ids the store
 //!   holds, which answers "duplicate" without a SQLite unique index.
+//! - [`config`] is the backend's own keys of `[queue]`; [`EmbeddedBackend`]
+//!   builds the queue from them.
 //! - [`EmbeddedQueue`] is the [`Queue`] implementation: mutations go to the
 //!   writer over a bounded channel (full: [`QueueError::Full`], which the
 //!   ingress turns into 503 + `Retry-After`), reads (stats, DLQ listing) use
 //!   a separate read connection, which WAL lets run beside the writer.
+//!
+//! Flow control is a pull backend's: while paused a claim hands out
+//! nothing, and a claim hands out at most the flow's window.
 //!
 //! Several processes may open the same store: `breakwater queue stats` or
 //! `dlq replay` while `serve` runs. SQLite's locking keeps them consistent;
@@ -18,26 +24,41 @@
 //! only one of them should accept webhooks (two would not see each other's
 //! duplicates; the sink's inbox still applies each event once).
 
+pub mod config;
 pub(crate) mod dedup;
 pub(crate) mod store;
-pub(crate) mod writer;
+pub mod telemetry;
+pub mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use breakwater_queue::{
+    Backend, Capabilities, ConfigProblem, DeadLetter, DeadLetterReason, Delivery, DlqPage,
+    Enqueued, Flow, NewMessage, OpenMode, Queue, QueueError, QueueSection, QueueStats, Receipt,
+    StatKind,
+};
 use tokio::sync::{mpsc, oneshot};
 
+pub use self::config::EmbeddedConfig;
 use self::writer::{Incoming, Op, Reply, WriterSettings, now_ms};
-use super::{
-    DeadLetter, DeadLetterReason, Delivery, Enqueued, NewMessage, Queue, QueueError, QueueStats,
-    Receipt,
-};
-use crate::config::QueueConfig;
 
 /// File name of the store inside `[queue] path`.
 pub const FILE_NAME: &str = "queue.db";
+
+/// The token of an embedded receipt: the row and the lease it was claimed
+/// under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseToken {
+    pub id: i64,
+    pub lease: i64,
+}
+
+/// The flow window when no flow was set: unbounded.
+const UNBOUNDED: u32 = u32::MAX;
 
 /// The embedded queue backend.
 #[derive(Clone)]
@@ -45,6 +66,8 @@ pub struct EmbeddedQueue {
     ops: mpsc::Sender<Op>,
     reader: Arc<Mutex<rusqlite::Connection>>,
     path: PathBuf,
+    /// Most messages one claim hands out ([`Flow::window`]); 0 while paused.
+    window: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for EmbeddedQueue {
@@ -59,13 +82,39 @@ fn storage(e: impl std::fmt::Display) -> QueueError {
     QueueError::Storage(e.to_string())
 }
 
+/// Why the writer's channel (of `capacity`) did not take an operation:
+/// full (the caller should retry) or closed.
+fn not_taken<T>(e: &mpsc::error::TrySendError<T>, capacity: usize) -> QueueError {
+    match e {
+        mpsc::error::TrySendError::Full(_) => QueueError::Full { pending: capacity },
+        mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+    }
+}
+
 impl EmbeddedQueue {
     /// Opens (creating if needed) the store under `config.path` and starts
     /// its writer thread. The thread ends when the last clone is dropped.
-    pub fn open(config: &QueueConfig) -> Result<Self, QueueError> {
+    pub fn open(config: &EmbeddedConfig) -> Result<Self, QueueError> {
         std::fs::create_dir_all(&config.path).map_err(|e| {
             QueueError::Storage(format!("cannot create {}: {e}", config.path.display()))
         })?;
+        Self::start(config)
+    }
+
+    /// Opens the store under `config.path` only if it exists
+    /// ([`QueueError::Missing`] otherwise): what read-only commands use, so
+    /// they never leave an empty store behind.
+    pub fn open_existing(config: &EmbeddedConfig) -> Result<Self, QueueError> {
+        let path = config.path.join(FILE_NAME);
+        if !path.is_file() {
+            return Err(QueueError::Missing {
+                location: path.display().to_string(),
+            });
+        }
+        Self::start(config)
+    }
+
+    fn start(config: &EmbeddedConfig) -> Result<Self, QueueError> {
         let path = config.path.join(FILE_NAME);
         let writer_conn = store::open(&path).map_err(storage)?;
         store::recount_pending(&writer_conn).map_err(storage)?;
@@ -95,6 +144,7 @@ impl EmbeddedQueue {
             ops: tx,
             reader: Arc::new(Mutex::new(reader)),
             path,
+            window: Arc::new(AtomicU32::new(UNBOUNDED)),
         })
     }
 
@@ -124,54 +174,6 @@ impl EmbeddedQueue {
         .await
         .map_err(storage)?
     }
-
-    /// Dead-lettered messages, oldest first.
-    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
-        self.read(move |c| store::dead_letters(c, limit, None))
-            .await
-    }
-
-    /// One dead-lettered message with its body.
-    pub async fn dead_letter_detail(&self, id: &str) -> Result<DeadLetter, QueueError> {
-        let n = parse_id(id)?;
-        self.read(move |c| store::dead_letters(c, 1, Some(n)))
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| QueueError::NotFound { id: id.to_owned() })
-    }
-
-    /// Puts dead-lettered messages back (all when `ids` is empty, at most
-    /// `limit`), except those replayed `max_replays` times already.
-    pub async fn replay(
-        &self,
-        ids: &[String],
-        max_replays: u32,
-        limit: usize,
-    ) -> Result<Vec<String>, QueueError> {
-        let ids = ids
-            .iter()
-            .map(|s| parse_id(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        let done = self
-            .call(|reply| Op::Replay {
-                ids,
-                max_replays,
-                limit,
-                reply,
-            })
-            .await?;
-        Ok(done.into_iter().map(|i| i.to_string()).collect())
-    }
-
-    /// Deletes dead-lettered messages (all when `ids` is empty).
-    pub async fn purge(&self, ids: &[String]) -> Result<usize, QueueError> {
-        let ids = ids
-            .iter()
-            .map(|s| parse_id(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.call(|reply| Op::Purge { ids, reply }).await
-    }
 }
 
 fn parse_id(id: &str) -> Result<i64, QueueError> {
@@ -179,23 +181,51 @@ fn parse_id(id: &str) -> Result<i64, QueueError> {
         .map_err(|_| QueueError::NotFound { id: id.to_owned() })
 }
 
-fn embedded_receipt(receipt: &Receipt) -> (i64, i64) {
-    match receipt {
-        Receipt::Embedded { id, lease } => (*id, *lease),
-    }
+fn parse_ids(ids: &[String]) -> Result<Vec<i64>, QueueError> {
+    ids.iter().map(|s| parse_id(s)).collect()
+}
+
+fn lease_token(receipt: &Receipt) -> Result<LeaseToken, QueueError> {
+    receipt
+        .token::<LeaseToken>()
+        .copied()
+        .ok_or(QueueError::ForeignReceipt)
 }
 
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Every stats field: the store counts them all.
+const ALL_STATS: &[StatKind] = &[
+    StatKind::Visible,
+    StatKind::InFlight,
+    StatKind::Delayed,
+    StatKind::DeadLettered,
+    StatKind::OldestVisibleAge,
+    StatKind::AckedTotal,
+    StatKind::DeadLetteredTotal,
+];
+
 #[async_trait]
 impl Queue for EmbeddedQueue {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_delay: true,
+            native_dedup: true,
+            counts_attempts: true,
+            counts_receives: true,
+            filters_keys: true,
+            push: false,
+            stats: ALL_STATS,
+        }
+    }
+
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
         let (tx, rx) = oneshot::channel();
         self.ops
             .try_send(Op::Enqueue(Box::new(Incoming::new(message)), tx))
-            .map_err(|e| QueueError::not_taken(&e, self.ops.max_capacity()))?;
+            .map_err(|e| not_taken(&e, self.ops.max_capacity()))?;
         rx.await.map_err(|_| QueueError::Closed)?
     }
 
@@ -209,6 +239,8 @@ impl Queue for EmbeddedQueue {
         lease: Duration,
         skip_keys: &[String],
     ) -> Result<Vec<Delivery>, QueueError> {
+        let window = self.window.load(Ordering::Acquire) as usize;
+        let max = max.min(window);
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -225,7 +257,7 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError> {
-        let (id, lease) = embedded_receipt(receipt);
+        let LeaseToken { id, lease } = lease_token(receipt)?;
         self.call(|reply| Op::Ack { id, lease, reply }).await
     }
 
@@ -235,7 +267,7 @@ impl Queue for EmbeddedQueue {
         delay: Duration,
         error: &str,
     ) -> Result<(), QueueError> {
-        let (id, lease) = embedded_receipt(receipt);
+        let LeaseToken { id, lease } = lease_token(receipt)?;
         let error = Some(error.to_owned());
         self.call(|reply| Op::Unclaim {
             id,
@@ -252,7 +284,10 @@ impl Queue for EmbeddedQueue {
         receipts: &[Receipt],
         lease: Duration,
     ) -> Result<usize, QueueError> {
-        let leases: Vec<(i64, i64)> = receipts.iter().map(embedded_receipt).collect();
+        let leases = receipts
+            .iter()
+            .map(|r| lease_token(r).map(|t| (t.id, t.lease)))
+            .collect::<Result<Vec<_>, _>>()?;
         let lease_ms = millis(lease);
         self.call(|reply| Op::Extend {
             leases,
@@ -263,7 +298,7 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), QueueError> {
-        let (id, lease) = embedded_receipt(receipt);
+        let LeaseToken { id, lease } = lease_token(receipt)?;
         self.call(|reply| Op::Unclaim {
             id,
             lease,
@@ -279,7 +314,7 @@ impl Queue for EmbeddedQueue {
         receipt: &Receipt,
         reason: &DeadLetterReason,
     ) -> Result<(), QueueError> {
-        let (id, lease) = embedded_receipt(receipt);
+        let LeaseToken { id, lease } = lease_token(receipt)?;
         let (class, error) = (reason.class.clone(), reason.error.clone());
         self.call(|reply| Op::DeadLetter {
             id,
@@ -289,6 +324,13 @@ impl Queue for EmbeddedQueue {
             reply,
         })
         .await
+    }
+
+    async fn set_flow(&self, flow: Flow) -> Result<(), QueueError> {
+        // A claim under way keeps the window it read; the dispatcher hands
+        // back what comes of it when the gate moved meanwhile.
+        self.window.store(flow.window(), Ordering::Release);
+        Ok(())
     }
 
     async fn stats(&self) -> Result<QueueStats, QueueError> {
@@ -306,17 +348,95 @@ impl Queue for EmbeddedQueue {
             Ok(())
         }
     }
+
+    async fn dlq_list(&self, page: &DlqPage) -> Result<Vec<DeadLetter>, QueueError> {
+        let after = page.after.as_deref().map(parse_id).transpose()?;
+        let limit = page.limit;
+        self.read(move |c| store::dead_letters(c, limit, after, None))
+            .await
+    }
+
+    async fn dlq_show(&self, id: &str) -> Result<DeadLetter, QueueError> {
+        let n = parse_id(id)?;
+        self.read(move |c| store::dead_letters(c, 1, None, Some(n)))
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| QueueError::NotFound { id: id.to_owned() })
+    }
+
+    async fn dlq_replay(
+        &self,
+        ids: &[String],
+        max_replays: u32,
+        limit: usize,
+    ) -> Result<Vec<String>, QueueError> {
+        let ids = parse_ids(ids)?;
+        let done = self
+            .call(|reply| Op::Replay {
+                ids,
+                max_replays,
+                limit,
+                reply,
+            })
+            .await?;
+        Ok(done.into_iter().map(|i| i.to_string()).collect())
+    }
+
+    async fn dlq_purge(&self, ids: &[String]) -> Result<usize, QueueError> {
+        let ids = parse_ids(ids)?;
+        self.call(|reply| Op::Purge { ids, reply }).await
+    }
+}
+
+/// Builds the embedded queue from `[queue]`: `backend = "embedded"`, with
+/// the keys of [`EmbeddedConfig`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmbeddedBackend;
+
+#[async_trait]
+impl Backend for EmbeddedBackend {
+    fn name(&self) -> &'static str {
+        "embedded"
+    }
+
+    fn check(&self, section: &QueueSection) -> Result<toml::Table, ConfigProblem> {
+        let config = EmbeddedConfig::from_section(section)?;
+        toml::Table::try_from(&config).map_err(|e| ConfigProblem {
+            key: None,
+            message: e.to_string(),
+        })
+    }
+
+    async fn open(
+        &self,
+        section: &QueueSection,
+        mode: OpenMode,
+    ) -> Result<Arc<dyn Queue>, QueueError> {
+        let config = EmbeddedConfig::from_section(section)
+            .map_err(|e| QueueError::Storage(e.to_string()))?;
+        let queue = match mode {
+            OpenMode::Serve => EmbeddedQueue::open(&config)?,
+            OpenMode::Inspect => EmbeddedQueue::open_existing(&config)?,
+        };
+        Ok(Arc::new(queue))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A count the embedded store always reports.
+    fn n(v: Option<u64>) -> u64 {
+        v.expect("the embedded store counts every field")
+    }
     use bytes::Bytes;
 
-    fn config(dir: &Path) -> QueueConfig {
-        QueueConfig {
+    fn config(dir: &Path) -> EmbeddedConfig {
+        EmbeddedConfig {
             path: dir.to_owned(),
-            ..QueueConfig::default()
+            ..EmbeddedConfig::default()
         }
     }
 
@@ -372,7 +492,10 @@ mod tests {
             q.claim(2, LEASE).await.expect("claim").is_empty(),
             "both held"
         );
-        assert_eq!(q.stats().await.expect("stats").in_flight, 2);
+        assert_eq!(
+            q.stats().await.expect("stats").in_flight.expect("counted"),
+            2
+        );
     }
 
     #[tokio::test]
@@ -391,12 +514,15 @@ mod tests {
         assert_eq!(d.message.entity_key.as_deref(), Some("k"));
         assert_eq!(d.message.receives, 1);
         assert_eq!(&d.message.body[..], b"{\"a\":1}");
-        assert_eq!(q.stats().await.expect("stats").in_flight, 1);
+        assert_eq!(
+            q.stats().await.expect("stats").in_flight.expect("counted"),
+            1
+        );
         assert!(q.claim(10, LEASE).await.expect("claim").is_empty());
 
         q.ack(&d.receipt).await.expect("ack");
         let s = q.stats().await.expect("stats");
-        assert_eq!((s.visible, s.in_flight, s.acked_total), (0, 0, 1));
+        assert_eq!((n(s.visible), n(s.in_flight), n(s.acked_total)), (0, 0, 1));
         // An applied event id is still known.
         let after = q.enqueue(msg("e1", Some("k"))).await.expect("enqueue");
         assert!(matches!(after, Enqueued::Duplicate { .. }));
@@ -438,9 +564,9 @@ mod tests {
             q.enqueue(received(event, ago)).await.expect("enqueue");
         }
         let s = q.stats().await.expect("stats");
-        assert_eq!((s.visible, s.in_flight, s.delayed), (4, 0, 0));
+        assert_eq!((n(s.visible), n(s.in_flight), n(s.delayed)), (4, 0, 0));
         assert!(
-            (90_000..100_000).contains(&s.oldest_visible_age_ms),
+            (90_000..100_000).contains(&n(s.oldest_visible_age_ms)),
             "{s:?}"
         );
 
@@ -459,15 +585,26 @@ mod tests {
             .await
             .expect("dead-letter");
         let s = q.stats().await.expect("stats");
-        assert_eq!((s.visible, s.in_flight, s.delayed), (1, 1, 1), "{s:?}");
-        assert_eq!((s.dead_lettered, s.dead_lettered_total), (1, 1));
-        assert!((10_000..20_000).contains(&s.oldest_visible_age_ms), "{s:?}");
+        assert_eq!(
+            (n(s.visible), n(s.in_flight), n(s.delayed)),
+            (1, 1, 1),
+            "{s:?}"
+        );
+        assert_eq!((n(s.dead_lettered), n(s.dead_lettered_total)), (1, 1));
+        assert!(
+            (10_000..20_000).contains(&n(s.oldest_visible_age_ms)),
+            "{s:?}"
+        );
 
         q.ack(&a.receipt).await.expect("ack");
         let d = q.claim(1, LEASE).await.expect("claim").remove(0);
         let s = q.stats().await.expect("stats");
-        assert_eq!((s.visible, s.in_flight, s.acked_total), (0, 1, 1), "{s:?}");
-        assert_eq!(s.oldest_visible_age_ms, 0, "nothing visible");
+        assert_eq!(
+            (n(s.visible), n(s.in_flight), n(s.acked_total)),
+            (0, 1, 1),
+            "{s:?}"
+        );
+        assert_eq!(n(s.oldest_visible_age_ms), 0, "nothing visible");
         assert_eq!(d.message.event_id, "d");
     }
 
@@ -489,7 +626,7 @@ mod tests {
     #[tokio::test]
     async fn kept_counts_match_counting_every_row_through_every_operation() {
         // With acked rows kept for dedup, and deleted at once.
-        for dedup_window_secs in [QueueConfig::default().dedup_window_secs, 0] {
+        for dedup_window_secs in [EmbeddedConfig::default().dedup_window_secs, 0] {
             counts_match_through_every_operation(dedup_window_secs).await;
         }
     }
@@ -498,7 +635,7 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join(FILE_NAME);
-        let config = |dir: &Path| QueueConfig {
+        let config = |dir: &Path| EmbeddedConfig {
             dedup_window_secs,
             ..config(dir)
         };
@@ -538,9 +675,9 @@ mod tests {
                 }
                 9 => {
                     if rng.random_bool(0.5) {
-                        q.replay(&[], 3, 5).await.expect("replay");
+                        q.dlq_replay(&[], 3, 5).await.expect("replay");
                     } else {
-                        q.purge(&[]).await.expect("purge");
+                        q.dlq_purge(&[]).await.expect("purge");
                     }
                 }
                 _ => {}
@@ -553,7 +690,12 @@ mod tests {
             }
             let s = q.stats().await.expect("stats");
             assert_eq!(
-                (s.visible, s.in_flight, s.delayed, s.dead_lettered),
+                (
+                    n(s.visible),
+                    n(s.in_flight),
+                    n(s.delayed),
+                    n(s.dead_lettered)
+                ),
                 counted(&path),
                 "after step {step}"
             );
@@ -580,9 +722,9 @@ mod tests {
             .execute("UPDATE counters SET value = 99 WHERE name = 'pending'", [])
             .expect("spoil");
         let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
-        assert_eq!(q.stats().await.expect("stats").visible, 4);
+        assert_eq!(q.stats().await.expect("stats").visible.expect("counted"), 4);
         q.enqueue(msg("e9", None)).await.expect("enqueue");
-        assert_eq!(q.stats().await.expect("stats").visible, 5);
+        assert_eq!(q.stats().await.expect("stats").visible.expect("counted"), 5);
     }
 
     #[tokio::test]
@@ -608,7 +750,7 @@ mod tests {
             .await
             .expect("retry");
         let s = q.stats().await.expect("stats");
-        assert_eq!((s.visible, s.in_flight, s.delayed), (0, 0, 1));
+        assert_eq!((n(s.visible), n(s.in_flight), n(s.delayed)), (0, 0, 1));
         assert!(q.claim(1, LEASE).await.expect("claim").is_empty());
     }
 
@@ -646,16 +788,16 @@ mod tests {
             q.dead_letter(&d.receipt, &reason).await.expect("dlq");
         }
         let s = q.stats().await.expect("stats");
-        assert_eq!((s.dead_lettered, s.dead_lettered_total), (2, 2));
-        let list = q.dead_letters(10).await.expect("list");
+        assert_eq!((n(s.dead_lettered), n(s.dead_lettered_total)), (2, 2));
+        let list = q.dlq_list(&DlqPage::first(10)).await.expect("list");
         assert_eq!(list.len(), 2);
         assert_eq!(list[0].class, "permanent");
         assert!(list[0].body.is_none());
-        let detail = q.dead_letter_detail(&list[0].id).await.expect("show");
+        let detail = q.dlq_show(&list[0].id).await.expect("show");
         assert_eq!(detail.body.as_deref(), Some("{\"a\":1}"));
 
         let replayed = q
-            .replay(&[list[0].id.clone()], 1, 100)
+            .dlq_replay(&[list[0].id.clone()], 1, 100)
             .await
             .expect("replay");
         assert_eq!(replayed, vec![list[0].id.clone()]);
@@ -667,9 +809,9 @@ mod tests {
         };
         q.dead_letter(&d.receipt, &reason).await.expect("dlq");
         // The replay limit stops a loop.
-        let again = q.replay(&[], 1, 100).await.expect("replay");
+        let again = q.dlq_replay(&[], 1, 100).await.expect("replay");
         assert_eq!(again, vec![list[1].id.clone()], "only the unreplayed one");
-        let purged = q.purge(&[]).await.expect("purge");
+        let purged = q.dlq_purge(&[]).await.expect("purge");
         assert_eq!(purged, 1);
     }
 
@@ -685,7 +827,10 @@ mod tests {
             }
         }
         let q = EmbeddedQueue::open(&config(dir.path())).expect("reopen");
-        assert_eq!(q.stats().await.expect("stats").visible, 50);
+        assert_eq!(
+            q.stats().await.expect("stats").visible.expect("counted"),
+            50
+        );
         // The dedup index is rebuilt from the store.
         let again = q.enqueue(msg("e7", None)).await.expect("enqueue");
         assert!(matches!(again, Enqueued::Duplicate { .. }), "{again:?}");
@@ -696,7 +841,7 @@ mod tests {
     #[tokio::test]
     async fn a_purged_or_forgotten_event_id_is_new_again() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let q = EmbeddedQueue::open(&QueueConfig {
+        let q = EmbeddedQueue::open(&EmbeddedConfig {
             // No dedup window: an ack deletes the row at once.
             dedup_window_secs: 0,
             ..config(dir.path())
@@ -720,12 +865,12 @@ mod tests {
             matches!(dead, Enqueued::Duplicate { .. }),
             "in the DLQ: {dead:?}"
         );
-        assert_eq!(q.purge(&[]).await.expect("purge"), 1);
+        assert_eq!(q.dlq_purge(&[]).await.expect("purge"), 1);
         for event in ["acked", "dead"] {
             let again = q.enqueue(msg(event, None)).await.expect("enqueue");
             assert!(matches!(again, Enqueued::New { .. }), "{event}: {again:?}");
         }
-        assert_eq!(q.stats().await.expect("stats").visible, 2);
+        assert_eq!(q.stats().await.expect("stats").visible.expect("counted"), 2);
     }
 
     #[tokio::test]
@@ -753,7 +898,7 @@ mod tests {
         assert!(matches!(old, Enqueued::Duplicate { .. }), "{old:?}");
         let new = q.enqueue(msg("new", None)).await.expect("enqueue");
         assert!(matches!(new, Enqueued::New { .. }), "{new:?}");
-        assert_eq!(q.stats().await.expect("stats").visible, 2);
+        assert_eq!(q.stats().await.expect("stats").visible.expect("counted"), 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -785,7 +930,10 @@ mod tests {
         let wal = dir.path().join(format!("{FILE_NAME}-wal"));
         let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
         assert!(size < 40 << 20, "the WAL grew to {} MB", size >> 20);
-        assert_eq!(q.stats().await.expect("stats").visible, 30_000);
+        assert_eq!(
+            q.stats().await.expect("stats").visible.expect("counted"),
+            30_000
+        );
     }
 
     #[tokio::test]
@@ -804,6 +952,9 @@ mod tests {
                 Enqueued::New { .. }
             ));
         }
-        assert_eq!(q.stats().await.expect("stats").visible, 500);
+        assert_eq!(
+            q.stats().await.expect("stats").visible.expect("counted"),
+            500
+        );
     }
 }

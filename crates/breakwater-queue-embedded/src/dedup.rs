@@ -159,7 +159,7 @@ mod tests {
     #[test]
     fn loads_on_first_use_and_remove_leaves_a_newer_id_alone() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let conn = super::super::store::open(&dir.path().join("q.db")).expect("store");
+        let conn = crate::store::open(&dir.path().join("q.db")).expect("store");
         conn.execute(
             "INSERT INTO messages (id, source, event_id, headers, received_at, visible_at)
              VALUES (7, 's', 'stored', '[]', 1, 1)",

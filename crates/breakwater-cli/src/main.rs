@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use breakwater::config::Config;
+use breakwater::queue::{DlqPage, OpenMode, QueueStats, replay_at_rate};
 use breakwater::serve::{self, Role};
+use breakwater_admin_api::{BreakerLocation, BreakerView, TransitionAnswer};
 use clap::{Parser, Subcommand};
 
 /// Webhook ingress gateway with a dynamic ingestion circuit breaker.
@@ -51,7 +53,7 @@ enum Command {
         command: DlqCommand,
     },
     /// Reproduce a database fault against a real PostgreSQL, naive consumer vs Breakwater.
-    Lab(breakwater::lab::LabArgs),
+    Lab(breakwater_lab::outage::LabArgs),
     /// Measure the service.
     Bench {
         #[command(subcommand)]
@@ -137,9 +139,9 @@ enum DlqCommand {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Bare hyper vs Breakwater's verified, durable ingress under the same load.
-    Ingress(breakwater::bench::IngressBenchArgs),
+    Ingress(breakwater_lab::bench::IngressBenchArgs),
     /// Workers draining a backlog into PostgreSQL vs pgbench, same statements.
-    Drain(breakwater::bench::drain::DrainBenchArgs),
+    Drain(breakwater_lab::bench::drain::DrainBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -228,22 +230,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let config = load_config(cli.config.as_deref())?;
             let stats = runtime()?.block_on(async {
-                let queue = serve::open_queue(&config)?;
+                let queue = serve::open_queue(&config, OpenMode::Inspect).await?;
                 anyhow::Ok(queue.stats().await?)
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
-                println!("backend        {}", config.queue.backend.as_str());
-                println!("visible        {}", stats.visible);
-                println!("in flight      {}", stats.in_flight);
-                println!("delayed        {}", stats.delayed);
-                println!("dead-lettered  {}", stats.dead_lettered);
-                println!(
-                    "oldest visible {:.1} s",
-                    stats.oldest_visible_age_ms as f64 / 1000.0
-                );
-                println!("acked (total)  {}", stats.acked_total);
+                print_queue_stats(&config.queue.backend, &stats);
             }
             Ok(())
         }
@@ -262,12 +255,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
                 .context("cannot install the metrics recorder")?;
-            let report = breakwater::bench::run_ingress_bench(&args, Some(metrics))?;
+            let report = breakwater_lab::bench::run_ingress_bench(&args, Some(metrics))?;
             print!("{report}");
             Ok(())
         }
         Command::Lab(args) => {
-            let report = runtime()?.block_on(breakwater::lab::run_lab(&args))?;
+            let report = runtime()?.block_on(breakwater_lab::outage::run_lab(&args))?;
             print!("{report}");
             if let Some(path) = &args.json {
                 std::fs::write(path, serde_json::to_vec_pretty(&report)?)
@@ -275,7 +268,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 eprintln!("wrote {}", path.display());
             }
             if let Some(path) = &args.png {
-                breakwater::lab::chart::write_png(&report, path)?;
+                breakwater_lab::outage::chart::write_png(&report, path)?;
                 eprintln!("wrote {}", path.display());
             }
             Ok(())
@@ -283,7 +276,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Drain(args),
         } => {
-            let report = runtime()?.block_on(breakwater::bench::drain::run_drain_bench(&args))?;
+            let report =
+                runtime()?.block_on(breakwater_lab::bench::drain::run_drain_bench(&args))?;
             print!("{report}");
             Ok(())
         }
@@ -321,11 +315,11 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
     let token = config.admin.token.as_deref();
     match command {
         BreakerCommand::Status { json } => {
-            let v = call(addr, token, http::Method::GET, "/breaker").await?;
+            let view: BreakerView = call(addr, token, http::Method::GET, "/breaker").await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                println!("{}", serde_json::to_string_pretty(&view)?);
             } else {
-                print_breaker(&v);
+                print_breaker(&view);
             }
         }
         BreakerCommand::Trip { ttl, note } => {
@@ -333,18 +327,18 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
             if let Some(ttl) = ttl {
                 q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
             }
-            let v = call(addr, token, http::Method::POST, &q).await?;
-            println!("{}", v["transition"].as_str().unwrap_or("tripped"));
+            let answer: TransitionAnswer = call(addr, token, http::Method::POST, &q).await?;
+            println!("{}", answer.transition.as_deref().unwrap_or("tripped"));
         }
         BreakerCommand::Reset { force_closed, ttl } => {
             let mut q = format!("/breaker/reset?force_closed={force_closed}");
             if let Some(ttl) = ttl {
                 q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
             }
-            let v = call(addr, token, http::Method::POST, &q).await?;
-            match v["transition"].as_str() {
+            let answer: TransitionAnswer = call(addr, token, http::Method::POST, &q).await?;
+            match answer.transition {
                 Some(t) => println!("{t}"),
-                None => println!("no manual override in force; state {}", v["state"]),
+                None => println!("no manual override in force; state {}", answer.state),
             }
         }
     }
@@ -362,51 +356,98 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-fn print_breaker(v: &serde_json::Value) {
-    let b = &v["breaker"];
-    println!("state        {}", b["state"].as_str().unwrap_or("?"));
-    println!("limit        {}", b["limit"]);
-    if let Some(m) = b["message"].as_str() {
+fn print_queue_stats(backend: &str, stats: &QueueStats) {
+    let count = |v: Option<u64>| v.map_or_else(|| "n/a".to_owned(), |n| n.to_string());
+    println!("backend        {backend}");
+    println!("visible        {}", count(stats.visible));
+    println!("in flight      {}", count(stats.in_flight));
+    println!("delayed        {}", count(stats.delayed));
+    println!("dead-lettered  {}", count(stats.dead_lettered));
+    match stats.oldest_visible_age_ms {
+        Some(ms) => println!("oldest visible {:.1} s", ms as f64 / 1000.0),
+        None => println!("oldest visible n/a"),
+    }
+    println!("acked (total)  {}", count(stats.acked_total));
+}
+
+fn print_breaker(view: &BreakerView) {
+    let b = match (&view.breaker, &view.location) {
+        (Some(b), _) => b,
+        (None, BreakerLocation::WithTheWorkers { detail }) => {
+            println!("state        (no breaker here)");
+            println!("where        {detail}");
+            return;
+        }
+        (None, BreakerLocation::Local) => {
+            println!("state        (unknown)");
+            return;
+        }
+    };
+    println!("state        {}", b.state);
+    println!("limit        {}", b.limit);
+    if let Some(m) = &b.message {
         println!("reason       {m}");
     }
-    if let Some(o) = b.get("override").filter(|o| !o.is_null()) {
-        println!("override     {o}");
+    if let Some(o) = &b.manual_override {
+        println!(
+            "override     {}",
+            serde_json::to_string(o).unwrap_or_default()
+        );
     }
-    if b["dry_run"].as_bool() == Some(true) {
+    if b.dry_run {
         println!("dry run      yes (evaluates, never gates)");
     }
     println!("signals");
-    for s in b["signals"].as_array().into_iter().flatten() {
+    let shown = |v: Option<f64>| v.map_or_else(|| "null".to_owned(), |v| v.to_string());
+    for s in &b.signals {
         println!(
             "  {:<18} {:<8} value {:<10} threshold {:<10} {}",
-            s["signal"].as_str().unwrap_or("?"),
-            if s["tripping"].as_bool() == Some(true) {
+            s.signal.as_str(),
+            if s.tripping {
                 "TRIPPING"
-            } else if s["enabled"].as_bool() == Some(true) {
+            } else if s.enabled {
                 "ok"
             } else {
                 "off"
             },
-            s["value"].to_string(),
-            s["threshold"].to_string(),
-            s["detail"].as_str().unwrap_or(""),
+            shown(s.value),
+            s.threshold,
+            s.detail,
         );
     }
-    let parked = v["parked_keys"].as_array().map_or(0, Vec::len);
-    if parked > 0 {
-        println!("parked keys  {}", v["parked_keys"]);
+    if !view.parked_keys.is_empty() {
+        let keys: Vec<String> = view
+            .parked_keys
+            .iter()
+            .map(|p| format!("{} ({} ms, {} strikes)", p.key, p.remaining_ms, p.strikes))
+            .collect();
+        println!("parked keys  {}", keys.join(", "));
     }
     println!("transitions");
-    for t in b["history"].as_array().into_iter().flatten() {
-        println!("  {t}");
+    for t in &b.history {
+        println!(
+            "  {} -> {} {} ago: {}",
+            t.from,
+            t.to,
+            format_ago(t.ago_ms),
+            t.message
+        );
+    }
+}
+
+fn format_ago(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
     }
 }
 
 async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
-    let queue = breakwater::queue::embedded::EmbeddedQueue::open(&config.queue)?;
+    let queue = serve::open_queue(config, OpenMode::Inspect).await?;
     match command {
         DlqCommand::List { limit, json } => {
-            let list = queue.dead_letters(limit).await?;
+            let list = queue.dlq_list(&DlqPage::first(limit)).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else if list.is_empty() {
@@ -425,7 +466,7 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
             }
         }
         DlqCommand::Show { id } => {
-            let d = queue.dead_letter_detail(&id).await?;
+            let d = queue.dlq_show(&id).await?;
             println!("{}", serde_json::to_string_pretty(&d)?);
         }
         DlqCommand::Replay {
@@ -441,43 +482,27 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
                 rate.is_finite() && (1.0 / 3600.0..=1e6).contains(&rate),
                 "--rate must be between 0.0003 (one an hour) and 1000000 messages per second"
             );
-            let per_tick = (rate / 10.0).ceil().max(1.0) as usize;
-            let mut total = 0usize;
-            let mut pending: Vec<String> = ids;
-            loop {
-                wait_while_breaker_open(config).await;
-                let chunk: Vec<String> = if all {
-                    Vec::new()
-                } else {
-                    let n = per_tick.min(pending.len());
-                    pending.drain(..n).collect()
-                };
-                if !all && chunk.is_empty() {
-                    break;
-                }
-                let done = queue.replay(&chunk, max_replays, per_tick).await?;
-                if !all && done.len() < chunk.len() {
-                    eprintln!(
-                        "skipped {} (not in the DLQ, or replayed {max_replays} times already)",
-                        chunk.len() - done.len()
-                    );
-                }
-                total += done.len();
-                if all && done.is_empty() {
-                    break;
-                }
-                eprint!("\rreplayed {total}");
-                tokio::time::sleep(std::time::Duration::from_secs_f64(
-                    done.len().max(1) as f64 / rate,
-                ))
-                .await;
-            }
+            let done = replay_at_rate(
+                queue.as_ref(),
+                if all { &[] } else { &ids },
+                rate,
+                max_replays,
+                || wait_while_breaker_open(config),
+                |p| eprint!("\rreplayed {}", p.replayed),
+            )
+            .await?;
             eprintln!();
-            println!("replayed {total} message(s)");
+            if done.skipped > 0 {
+                eprintln!(
+                    "skipped {} (not in the DLQ, or replayed {max_replays} times already)",
+                    done.skipped
+                );
+            }
+            println!("replayed {} message(s)", done.replayed);
         }
         DlqCommand::Purge { ids, all } => {
             anyhow::ensure!(all || !ids.is_empty(), "name message ids, or pass --all");
-            let n = queue.purge(if all { &[] } else { &ids }).await?;
+            let n = queue.dlq_purge(if all { &[] } else { &ids }).await?;
             println!("purged {n} message(s)");
         }
     }
@@ -485,19 +510,22 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
 }
 
 /// Replay waits while a running service's breaker is open (no point
-/// feeding a database that is being protected). No service: no wait.
+/// feeding a database that is being protected). No service, or one that
+/// runs no breaker: no wait.
 async fn wait_while_breaker_open(config: &Config) {
     let mut said = false;
     loop {
-        let v = breakwater::admin::client::call(
+        let view: Result<BreakerView, _> = breakwater::admin::client::call(
             config.admin.listen,
             config.admin.token.as_deref(),
             http::Method::GET,
             "/breaker",
         )
         .await;
-        match v {
-            Ok(v) if v["breaker"]["gate"]["may_poll"].as_bool() == Some(false) => {
+        match view {
+            Ok(BreakerView {
+                breaker: Some(b), ..
+            }) if !b.gate.may_poll => {
                 if !said {
                     eprintln!("breaker is open: waiting before replaying");
                     said = true;

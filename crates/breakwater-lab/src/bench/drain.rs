@@ -21,11 +21,12 @@ use anyhow::Context;
 use bytes::Bytes;
 use tokio_postgres::NoTls;
 
-use crate::config::{Config, QueueConfig, StatementConfig};
-use crate::queue::embedded::EmbeddedQueue;
-use crate::queue::{NewMessage, Queue};
-use crate::serve;
-use crate::worker::{Controller, Workers};
+use breakwater::config::{Config, StatementConfig};
+use breakwater::queue::{NewMessage, Queue};
+use breakwater::serve;
+use breakwater::worker::{Controller, Workers};
+use breakwater_queue_embedded::EmbeddedConfig;
+use breakwater_queue_embedded::EmbeddedQueue;
 
 /// Options of `breakwater bench drain`.
 #[derive(Debug, Clone, clap::Args)]
@@ -146,11 +147,10 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     config.sink.url = db_url.clone();
     config.sink.pool_max = args.concurrency as usize;
     config.workers.max_concurrency = args.concurrency;
-    config.queue = QueueConfig {
-        path: args.data_dir.join(format!("drain-{}", std::process::id())),
-        ..QueueConfig::default()
-    };
-    let mut source = crate::bench::bench_config(&config.queue.path)
+    let queue_config =
+        EmbeddedConfig::at(args.data_dir.join(format!("drain-{}", std::process::id())));
+    config.queue = queue_config.section();
+    let mut source = crate::bench::bench_config(&queue_config.path)
         .sources
         .remove(0);
     source.statements.push(StatementConfig {
@@ -169,8 +169,8 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
 
     // Phase 2: fill a queue, then let the workers drain it.
     eprintln!("phase 2/2: breakwater drains {} messages", args.messages);
-    let _ = std::fs::remove_dir_all(&config.queue.path);
-    let queue = Arc::new(EmbeddedQueue::open(&config.queue)?);
+    let _ = std::fs::remove_dir_all(&queue_config.path);
+    let queue = Arc::new(EmbeddedQueue::open(&queue_config)?);
     let mut fills = Vec::new();
     for i in 0..args.messages {
         let order = 1 + (i as i64 % ORDERS);
@@ -182,7 +182,7 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
                 entity_key: Some(order.to_string()),
                 headers: Vec::new(),
                 body: Bytes::from(payload(i, order)),
-                received_at_ms: crate::ingress::unix_now_ms(),
+                received_at_ms: breakwater::ingress::unix_now_ms(),
             })
             .await
         }));
@@ -205,17 +205,17 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
         sink,
         controller,
         serve::worker_settings(&config),
-        crate::worker::ParkedKeys::default(),
+        breakwater::worker::ParkedKeys::default(),
     );
     let target = args.messages as u64;
     loop {
         let s = queue.stats().await?;
-        if s.acked_total + s.dead_lettered_total >= target {
-            anyhow::ensure!(
-                s.dead_lettered_total == 0,
-                "{} messages were dead-lettered",
-                s.dead_lettered_total
-            );
+        let (acked, dead) = (
+            s.acked_total.unwrap_or(0),
+            s.dead_lettered_total.unwrap_or(0),
+        );
+        if acked + dead >= target {
+            anyhow::ensure!(dead == 0, "{dead} messages were dead-lettered");
             break;
         }
         anyhow::ensure!(
@@ -227,7 +227,7 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     let seconds = started.elapsed().as_secs_f64();
     workers.shutdown().await;
     drop(queue);
-    let _ = std::fs::remove_dir_all(&config.queue.path);
+    let _ = std::fs::remove_dir_all(&queue_config.path);
     Ok(DrainReport {
         concurrency: args.concurrency,
         pgbench_tps,

@@ -34,7 +34,7 @@ pub mod report;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -44,8 +44,10 @@ use tokio_postgres::NoTls;
 
 use self::driver::{DriveCounters, DriveSpec, HOT_ORDER, UNRELATED_ORDERS};
 pub use self::report::{LabReport, ModeReport, Sample};
-use crate::config::{BackoffJitter, Config, QueueConfig, StatementConfig};
-use crate::serve::{self, Role};
+use breakwater::config::{BackoffJitter, Config, StatementConfig};
+use breakwater::serve::{self, Role};
+
+use crate::naive::RetryInPlace;
 
 /// Longest wait for the pipeline to start (for the database to answer).
 const LAB_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -195,13 +197,13 @@ async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     Ok(client)
 }
 
+/// Applies of one message in the naive consumer's worker before it gives
+/// up on it (then it is dead-lettered: `workers.max_attempts = 1`).
+const NAIVE_ATTEMPTS: u32 = 3;
+
 /// The config of one mode.
 fn mode_config(mode: Mode, sink_url: String, queue_dir: std::path::PathBuf) -> Config {
     let mut c = crate::bench::bench_config(&queue_dir);
-    c.queue = QueueConfig {
-        path: queue_dir,
-        ..QueueConfig::default()
-    };
     c.sink.url = sink_url;
     c.sink.pool_max = 20;
     c.sources[0].statements.push(StatementConfig {
@@ -214,19 +216,24 @@ fn mode_config(mode: Mode, sink_url: String, queue_dir: std::path::PathBuf) -> C
         c.sink.acquire_timeout_ms = 2000;
         c.workers.max_concurrency = 32;
         c.workers.per_key_concurrency = 0;
-        c.workers.max_attempts = 3;
+        // Three applies in the worker (see `naive_retries`), then the DLQ.
+        c.workers.max_attempts = 1;
         c.workers.backoff_jitter = BackoffJitter::None;
         c.workers.backoff_base_ms = 200;
         c.workers.backoff_cap_ms = 200;
-        c.workers.retry_in_place = true;
         c.breaker.dry_run = true;
     }
     c
 }
 
+/// A count of the embedded queue (which reports every one).
+fn count(v: Option<u64>) -> u64 {
+    v.unwrap_or(0)
+}
+
 /// Wall-clock milliseconds.
 fn wall_ms() -> i64 {
-    crate::ingress::unix_now_ms()
+    breakwater::ingress::unix_now_ms()
 }
 
 async fn run_mode(args: &LabArgs, mode: Mode) -> anyhow::Result<ModeReport> {
@@ -277,18 +284,35 @@ async fn run_mode_in(
     );
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
     let config = mode_config(mode, sink_url, queue_dir.clone());
+    // Every apply the workers send is counted; the naive mode also retries
+    // in the worker.
+    let applies = Arc::new(AtomicU64::new(0));
+    let (in_place, backoff) = match mode {
+        Mode::Naive => (NAIVE_ATTEMPTS, serve::worker_settings(&config).backoff),
+        Mode::Breakwater => (1, serve::worker_settings(&config).backoff),
+    };
+    let counted = Arc::clone(&applies);
+    let hooks = serve::Hooks {
+        sink_layer: Some(Box::new(move |sink| {
+            Arc::new(RetryInPlace::new(sink, in_place, backoff, counted))
+        })),
+    };
     // `start` waits for a database that does not answer; the lab has
     // nothing to show without one.
-    let running = tokio::time::timeout(LAB_START_LIMIT, serve::start(&config, Role::All, None))
-        .await
-        .map_err(|_| {
-            anyhow::anyhow!(
-                "the database did not answer within {} s",
-                LAB_START_LIMIT.as_secs()
-            )
-        })?
-        .context("cannot start the pipeline")?;
+    let running = tokio::time::timeout(
+        LAB_START_LIMIT,
+        serve::start_with(&config, Role::All, None, hooks),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!(
+            "the database did not answer within {} s",
+            LAB_START_LIMIT.as_secs()
+        )
+    })?
+    .context("cannot start the pipeline")?;
     let ingress = running.ingress_addr.context("no ingress")?;
+    let controller = running.controller.clone().context("no workers")?;
 
     let counters = Arc::new(DriveCounters::default());
     let spec = DriveSpec {
@@ -334,12 +358,12 @@ async fn run_mode_in(
         // The fault's timeline.
         if t >= fault_start && !fault.started && args.scenario != Scenario::Poison {
             wall_fault.0 = wall_ms();
-            applies_at_fault.0 = running.controller.applies();
+            applies_at_fault.0 = applies.load(Ordering::Relaxed);
             fault.start(args, &proxy, schema).await?;
         }
         if t >= fault_end && fault.started && !fault.ended {
             wall_fault.1 = wall_ms();
-            applies_at_fault.1 = running.controller.applies();
+            applies_at_fault.1 = applies.load(Ordering::Relaxed);
             fault.end(&proxy).await?;
         }
         // The sample.
@@ -354,8 +378,8 @@ async fn run_mode_in(
             .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
             .unwrap_or((0, 0));
         let stats = running.queue.stats().await.unwrap_or_default();
-        let gate = running.controller.gate();
-        let status_state = running.controller.status().state;
+        let gate = controller.gate();
+        let status_state = controller.status().state;
         let sample = Sample {
             t_ms: t.as_millis() as u64,
             accepted: counters.accepted.load(Ordering::Relaxed),
@@ -365,9 +389,9 @@ async fn run_mode_in(
             connections_active: active,
             state: status_state.as_str(),
             limit: gate.limit,
-            dead_lettered: stats.dead_lettered,
-            backlog: stats.visible + stats.in_flight + stats.delayed,
-            applies: running.controller.applies(),
+            dead_lettered: count(stats.dead_lettered),
+            backlog: count(stats.visible) + count(stats.in_flight) + count(stats.delayed),
+            applies: applies.load(Ordering::Relaxed),
             fault: fault.started && !fault.ended,
         };
         if !args.quiet && last_progress.elapsed() >= Duration::from_secs(1) {
@@ -413,7 +437,7 @@ async fn run_mode_in(
         fault.end(&proxy).await?;
     }
     let history_at = started.elapsed();
-    let history = running.controller.status().history;
+    let history = controller.status().history;
     let stats = running.queue.stats().await.unwrap_or_default();
     running.shutdown().await;
     proxy.shutdown().await;
@@ -455,7 +479,7 @@ async fn run_mode_in(
         (None, None, 0)
     };
     let accepted = counters.accepted.load(Ordering::Relaxed);
-    let dead = stats.dead_lettered;
+    let dead = count(stats.dead_lettered);
     let fault_end_offset = fault_end.as_millis() as u64;
     let report = report::summarize(report::Inputs {
         mode,
@@ -464,7 +488,7 @@ async fn run_mode_in(
         refused: counters.refused.load(Ordering::Relaxed),
         applied: applied as u64,
         dead_lettered: dead,
-        pending: stats.visible + stats.in_flight + stats.delayed,
+        pending: count(stats.visible) + count(stats.in_flight) + count(stats.delayed),
         lag_p50_ms: lag.0,
         lag_p99_ms: lag.1,
         lag_count: lag.2 as u64,

@@ -51,7 +51,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
-use crate::queue::{DeadLetter, Message, NewMessage, QueueStats};
+use breakwater_queue::{DeadLetter, Message, NewMessage, QueueStats};
 
 /// Row states.
 pub(crate) const PENDING: i64 = 0;
@@ -102,6 +102,8 @@ const COUNT_DEAD: &str = "SELECT COUNT(*) FROM messages WHERE state <> 0 AND sta
 const DEAD_LETTERS: &str = "SELECT id, source, event_id, entity_key, attempts, replays,
     error_class, last_error, received_at, settled_at, body
     FROM messages WHERE state <> 0 AND state = 2 AND (?1 IS NULL OR id = ?1)
+    AND (?3 IS NULL OR (settled_at, id) >
+        (SELECT settled_at, id FROM messages WHERE id = ?3))
     ORDER BY settled_at, id LIMIT ?2";
 
 /// Opens (creating if needed) the queue database with durable settings:
@@ -472,24 +474,27 @@ pub(crate) fn stats(conn: &Connection, now_ms: i64) -> rusqlite::Result<QueueSta
     };
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     Ok(QueueStats {
-        visible: count(pending - in_flight - delayed),
-        in_flight: count(in_flight),
-        delayed: count(delayed),
-        dead_lettered: count(dead),
-        oldest_visible_age_ms: oldest.map_or(0, |t| count(now_ms - t)),
-        acked_total: count(counter("acked_total")?),
-        dead_lettered_total: count(counter("dead_total")?),
+        visible: Some(count(pending - in_flight - delayed)),
+        in_flight: Some(count(in_flight)),
+        delayed: Some(count(delayed)),
+        dead_lettered: Some(count(dead)),
+        oldest_visible_age_ms: Some(oldest.map_or(0, |t| count(now_ms - t))),
+        acked_total: Some(count(counter("acked_total")?)),
+        dead_lettered_total: Some(count(counter("dead_total")?)),
     })
 }
 
-/// Dead-lettered messages, oldest first (bodies left out).
+/// Dead-lettered messages, oldest first, after the one of id `after`
+/// (bodies left out); or only the one `with_body_of`, with its body.
 pub(crate) fn dead_letters(
     conn: &Connection,
     limit: usize,
+    after: Option<i64>,
     with_body_of: Option<i64>,
 ) -> rusqlite::Result<Vec<DeadLetter>> {
     let mut st = conn.prepare_cached(DEAD_LETTERS)?;
-    let rows = st.query_map(params![with_body_of, limit as i64], |r| {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = st.query_map(params![with_body_of, limit, after], |r| {
         let body: Option<Vec<u8>> = r.get(10)?;
         Ok(DeadLetter {
             id: r.get::<_, i64>(0)?.to_string(),

@@ -80,9 +80,13 @@ pub async fn drive(spec: DriveSpec, counters: Arc<DriveCounters>) {
         })
         .to_string()
         .into_bytes();
-        let Ok(headers) =
-            breakwater_verify::sign(&scheme, &spec.secret, &body, crate::ingress::unix_now(), "")
-        else {
+        let Ok(headers) = breakwater_verify::sign(
+            &scheme,
+            &spec.secret,
+            &body,
+            breakwater::ingress::unix_now(),
+            "",
+        ) else {
             continue;
         };
         let mut req =

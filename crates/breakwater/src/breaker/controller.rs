@@ -25,7 +25,6 @@
 //! row lock (the database's own view, from `pg_stat_activity`, is the
 //! separate lock-waiters signal).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -119,8 +118,6 @@ pub struct Controller {
     changed: Notify,
     pub slots: Slots,
     last_lock_waiters: Mutex<Option<u32>>,
-    /// Applies started so far (transactions sent to the sink).
-    applies: AtomicU64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -142,7 +139,6 @@ impl Controller {
             changed: Notify::new(),
             slots: Slots::new(workers),
             last_lock_waiters: Mutex::new(None),
-            applies: AtomicU64::new(0),
         };
         controller.publish_gauges();
         Ok(Arc::new(controller))
@@ -177,16 +173,6 @@ impl Controller {
         if let Some(t) = t {
             self.announce(&t);
         }
-    }
-
-    /// Counts an apply as it starts (a transaction sent to the sink).
-    pub fn count_apply(&self) {
-        self.applies.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Applies started since start: every transaction the workers sent.
-    pub fn applies(&self) -> u64 {
-        self.applies.load(Ordering::Relaxed)
     }
 
     /// Whether the database looks like the problem right now: the breaker
@@ -325,23 +311,33 @@ impl Controller {
     async fn sample(&self, queue: &dyn Queue, sink: &dyn Sink) {
         match queue.stats().await {
             Ok(s) => {
-                let sample = QueueSample {
-                    visible: s.visible,
-                    in_flight: s.in_flight,
-                    dead_lettered_total: s.dead_lettered_total,
-                    processed_total: s.acked_total + s.dead_lettered_total,
-                };
-                self.breaker().observe_queue(sample, Instant::now());
+                // The queue signals need every count; a backend that cannot
+                // tell one leaves them quiet.
+                if let (Some(visible), Some(in_flight), Some(dead), Some(acked)) =
+                    (s.visible, s.in_flight, s.dead_lettered_total, s.acked_total)
+                {
+                    let sample = QueueSample {
+                        visible,
+                        in_flight,
+                        dead_lettered_total: dead,
+                        processed_total: acked + dead,
+                    };
+                    self.breaker().observe_queue(sample, Instant::now());
+                }
                 for (state, v) in [
                     ("visible", s.visible),
                     ("in_flight", s.in_flight),
                     ("delayed", s.delayed),
                     ("dead_lettered", s.dead_lettered),
                 ] {
-                    metrics::gauge!(telemetry::QUEUE_MESSAGES, "state" => state).set(v as f64);
+                    if let Some(v) = v {
+                        metrics::gauge!(telemetry::QUEUE_MESSAGES, "state" => state).set(v as f64);
+                    }
                 }
-                metrics::gauge!(telemetry::QUEUE_OLDEST_AGE_SECONDS)
-                    .set(s.oldest_visible_age_ms as f64 / 1000.0);
+                if let Some(age_ms) = s.oldest_visible_age_ms {
+                    metrics::gauge!(telemetry::QUEUE_OLDEST_AGE_SECONDS)
+                        .set(age_ms as f64 / 1000.0);
+                }
             }
             Err(e) => tracing::warn!(error = %e, "cannot read queue stats for the breaker"),
         }

@@ -1,0 +1,132 @@
+//! The admin API's requests and answers, typed once and shared by the
+//! admin server (`breakwater serve`), the CLI (`breakwater breaker ...`) and
+//! the dashboard to come, so none of them reads JSON by string keys.
+//!
+//! | route | request | answer |
+//! |---|---|---|
+//! | `GET /breaker` | | [`BreakerView`] |
+//! | `POST /breaker/trip` | [`TripQuery`] | [`TransitionAnswer`] |
+//! | `POST /breaker/reset` | [`ResetQuery`] | [`TransitionAnswer`] |
+//! | `GET /queue/stats` | | [`QueueStats`] |
+//! | `GET /dlq` | [`DlqPage`] | [`DlqList`] |
+//! | `GET /dlq/{id}` | | [`DeadLetter`] |
+//! | any, on failure | | [`ErrorBody`] with a 4xx or 5xx status |
+
+pub use breakwater_control::{BreakerStatus, State};
+pub use breakwater_queue::{DeadLetter, DlqPage, QueueStats};
+use serde::{Deserialize, Serialize};
+
+/// `GET /breaker`: the breaker this process runs, or where it lives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakerView {
+    /// Where the breaker that gates this deployment's workers runs.
+    pub location: BreakerLocation,
+    /// Its full status; `None` where this process runs no breaker (an
+    /// ingress-only node).
+    pub breaker: Option<BreakerStatus>,
+    /// Entity keys the workers' lanes have set aside after lock failures.
+    #[serde(default)]
+    pub parked_keys: Vec<ParkedKey>,
+    /// Sessions waiting on a lock, as the database last reported them.
+    pub db_lock_waiters: Option<u32>,
+}
+
+/// Where the breaker runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BreakerLocation {
+    /// In this process, beside its workers.
+    Local,
+    /// With the workers, in other processes (this one runs only the
+    /// ingress, which never gates on the breaker).
+    WithTheWorkers { detail: String },
+}
+
+/// A key parked by the hot-key lanes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedKey {
+    pub key: String,
+    /// Until its messages are tried again.
+    pub remaining_ms: u64,
+    /// Lock failures in a row.
+    pub strikes: u32,
+}
+
+/// Query of `POST /breaker/trip`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TripQuery {
+    /// Resume automatic control after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+    /// Why, for the logs and `breaker status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Query of `POST /breaker/reset`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetQuery {
+    /// Force the breaker closed instead of ending the manual override.
+    #[serde(default)]
+    pub force_closed: bool,
+    /// With `force_closed`: resume automatic control after this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+}
+
+/// Answer of `POST /breaker/trip` and `/breaker/reset`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransitionAnswer {
+    /// The transition made, in words; `None` when nothing changed (a reset
+    /// with no override in force).
+    pub transition: Option<String>,
+    /// The state after the call.
+    pub state: State,
+}
+
+/// Answer of `GET /dlq`: one page of dead letters, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DlqList {
+    pub items: Vec<DeadLetter>,
+    /// Pass as `after` for the next page; `None` on the last one.
+    pub next_after: Option<String>,
+}
+
+/// The body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// A stable code: `unauthorized`, `queue`, `not_found`, `no_breaker`.
+    pub error: String,
+    pub detail: String,
+}
+
+impl ErrorBody {
+    pub fn new(error: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            error: error.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ingress_only_view_round_trips_and_says_where_the_breaker_is() {
+        let view = BreakerView {
+            location: BreakerLocation::WithTheWorkers {
+                detail: "run by the worker processes".into(),
+            },
+            breaker: None,
+            parked_keys: Vec::new(),
+            db_lock_waiters: None,
+        };
+        let json = serde_json::to_value(&view).expect("json");
+        assert_eq!(json["location"]["kind"], "with_the_workers");
+        assert!(json["breaker"].is_null());
+        let back: BreakerView = serde_json::from_value(json).expect("back");
+        assert_eq!(back, view);
+    }
+}

@@ -1,0 +1,170 @@
+//! How a backend builds itself from the `[queue]` table (the pattern of
+//! vector's `SinkConfig::build`): the keys every backend reads are typed
+//! here ([`QueueSection`]), the rest of the table is the backend's own and
+//! it reads them itself ([`QueueSection::own`]), with its own defaults.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::{Queue, QueueError};
+
+/// The `[queue]` table: the keys every backend reads, and the rest as the
+/// selected backend's own keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QueueSection {
+    /// Which backend holds accepted webhooks (`embedded` by default).
+    pub backend: String,
+    /// Where the broker is (`amqp://...`, `nats://...`, bootstrap servers, an
+    /// SQS endpoint); unused by the embedded backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Queue, stream or topic name; retry, DLQ and consumer names derive
+    /// from it. Unused by the embedded backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Visibility timeout (lease) of a claimed message, in milliseconds.
+    pub lease_ms: u64,
+    /// The selected backend's own keys.
+    #[serde(flatten)]
+    pub options: toml::Table,
+}
+
+impl Default for QueueSection {
+    fn default() -> Self {
+        Self {
+            backend: "embedded".to_owned(),
+            url: None,
+            name: None,
+            lease_ms: 30_000,
+            options: toml::Table::new(),
+        }
+    }
+}
+
+impl QueueSection {
+    /// The backend's own keys read as `T` (which should deny unknown fields
+    /// and default the missing ones).
+    pub fn own<T: DeserializeOwned>(&self) -> Result<T, ConfigProblem> {
+        toml::Value::Table(self.options.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigProblem::from_serde(e.message()))
+    }
+
+    /// `url`, or a problem naming the key when the backend needs it.
+    pub fn required_url(&self) -> Result<&str, ConfigProblem> {
+        self.url.as_deref().ok_or_else(|| ConfigProblem {
+            key: Some("url".to_owned()),
+            message: format!("the {} backend needs the broker's address", self.backend),
+        })
+    }
+}
+
+/// What is wrong with a backend's keys: `key` is relative to `[queue]`
+/// when the problem is one key's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigProblem {
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl ConfigProblem {
+    /// A problem with one key.
+    pub fn key(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: Some(key.into()),
+            message: message.into(),
+        }
+    }
+
+    /// A serde message, with the key it names (an unknown or missing field).
+    fn from_serde(message: &str) -> Self {
+        let named = ["unknown field `", "missing field `"]
+            .iter()
+            .find_map(|p| message.split_once(p))
+            .and_then(|(_, rest)| rest.split_once('`'))
+            .map(|(key, _)| key.to_owned());
+        Self {
+            key: named,
+            message: message.trim().to_owned(),
+        }
+    }
+}
+
+/// How a command opens a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// `serve` (and the benches): create what is missing (a store, a
+    /// topology) and start what the backend runs.
+    Serve,
+    /// Read-only and operator commands (`queue stats`, `dlq ...`): open what
+    /// exists, create nothing; [`QueueError::Missing`] when there is none.
+    Inspect,
+}
+
+/// A queue backend: builds itself from the `[queue]` table.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// The `[queue] backend` value that selects it.
+    fn name(&self) -> &'static str;
+
+    /// Checks the backend's own keys (and the common ones it needs) without
+    /// connecting; returns its own keys with every default filled in, for
+    /// `config check`.
+    fn check(&self, section: &QueueSection) -> Result<toml::Table, ConfigProblem>;
+
+    /// Opens (or, with [`OpenMode::Serve`], creates) the queue.
+    async fn open(
+        &self,
+        section: &QueueSection,
+        mode: OpenMode,
+    ) -> Result<Arc<dyn Queue>, QueueError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Own {
+        path: String,
+        batch: u32,
+    }
+
+    impl Default for Own {
+        fn default() -> Self {
+            Self {
+                path: "data".into(),
+                batch: 8,
+            }
+        }
+    }
+
+    #[test]
+    fn the_common_keys_are_typed_and_the_rest_belong_to_the_backend() {
+        let s: QueueSection =
+            toml::from_str("backend = \"embedded\"\nlease_ms = 5000\nbatch = 3\n").expect("toml");
+        assert_eq!((s.backend.as_str(), s.lease_ms), ("embedded", 5000));
+        let own: Own = s.own().expect("own keys");
+        assert_eq!(
+            own,
+            Own {
+                path: "data".into(),
+                batch: 3
+            }
+        );
+    }
+
+    #[test]
+    fn an_unknown_own_key_is_named() {
+        let s: QueueSection = toml::from_str("batchh = 3\n").expect("toml");
+        let e = s.own::<Own>().expect_err("unknown key");
+        assert_eq!(e.key.as_deref(), Some("batchh"));
+        assert!(e.message.contains("expected `path` or `batch`"), "{e}");
+    }
+}

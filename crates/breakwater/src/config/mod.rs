@@ -1,0 +1,519 @@
+//! The configuration file: its shape, its defaults, and how it is loaded.
+//!
+//! One TOML file (`breakwater.toml`, or `--config PATH`) layered with
+//! environment variables. Loading happens in two passes so that errors are
+//! precise:
+//!
+//! 1. the file alone is deserialized with `toml::from_str`, whose errors carry
+//!    the line and column of the offending key (unknown keys are rejected by
+//!    `deny_unknown_fields` on every table); the message names the key with
+//!    its table (`workers.max_concurency`) and never quotes a value;
+//! 2. `BREAKWATER_<SECTION>_<KEY>` variables are applied on top of the parsed
+//!    table one at a time, each read as TOML and, should the config refuse
+//!    that, as a plain string (a numeric-looking token stays a string); an
+//!    error there names the variable and never its value. A variable that
+//!    names no section is ignored with a warning.
+//!
+//! Then [`Config::validate`] checks what the types cannot (timeouts that must
+//! be ordered, duplicate source names, secrets that resolve to nothing).
+//! Secrets never reach logs: [`Config::redacted`] is what `config check`
+//! prints.
+
+mod env;
+mod parse_error;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use self::env::ENV_PREFIX;
+use self::env::{ENV_SECTIONS, NOT_CONFIG, apply_env};
+use self::parse_error::{describe_parse_error, key_line};
+pub use crate::queue::QueueSection;
+pub use crate::source::config::{
+    HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig,
+};
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("invalid config: {key}{}: {message}", at_line(*.line))]
+    Invalid {
+        key: String,
+        /// The key's line in the file, when the file sets it.
+        line: Option<usize>,
+        message: String,
+    },
+}
+
+fn at_line(line: Option<usize>) -> String {
+    line.map(|n| format!(" (line {n})")).unwrap_or_default()
+}
+
+impl ConfigError {
+    fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Invalid {
+            key: key.into(),
+            line: None,
+            message: message.into(),
+        }
+    }
+
+    /// The error with the line of its key in `text`, where the file sets it.
+    fn located(self, text: &str) -> Self {
+        match self {
+            Self::Invalid {
+                key,
+                line: None,
+                message,
+            } => Self::Invalid {
+                line: key_line(text, &key),
+                key,
+                message,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub ingress: IngressConfig,
+    pub admin: AdminConfig,
+    pub queue: QueueSection,
+    pub sink: SinkConfig,
+    pub workers: WorkersConfig,
+    pub breaker: breakwater_control::BreakerConfig,
+    #[serde(rename = "source")]
+    pub sources: Vec<SourceConfig>,
+}
+
+/// `[ingress]`: the public HTTP listener that takes webhooks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngressConfig {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+}
+
+impl Default for IngressConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// `[admin]`: the operator listener (metrics, breaker, queue stats).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token; required when `listen` is not a loopback address.
+    pub token: Option<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+        }
+    }
+}
+
+/// `[sink]`: the database workers apply webhooks to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkConfig {
+    pub url: String,
+    pub lock_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub idle_in_transaction_timeout_ms: u64,
+    pub pool_max: usize,
+    pub acquire_timeout_ms: u64,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://data/breakwater.db".to_owned(),
+            lock_timeout_ms: 1000,
+            statement_timeout_ms: 5000,
+            idle_in_transaction_timeout_ms: 10_000,
+            pool_max: 20,
+            acquire_timeout_ms: 2000,
+        }
+    }
+}
+
+/// `[workers]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkersConfig {
+    pub max_concurrency: u32,
+    pub max_attempts: u32,
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+    /// Jitter of the retry backoff: full (default), equal, or none (plain
+    /// capped exponential; with base = cap, a fixed interval).
+    pub backoff_jitter: BackoffJitter,
+    /// Messages of one entity key applied at once (hot-key lanes); 0 = no limit.
+    pub per_key_concurrency: u32,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 16,
+            max_attempts: 5,
+            // Five attempts from 500 ms take seconds, longer than the breaker
+            // needs to notice a database that went away; from 100 ms they
+            // took under a second and dead-lettered messages in a plain
+            // outage (`breakwater lab db-down`).
+            backoff_base_ms: 500,
+            backoff_cap_ms: 30_000,
+            backoff_jitter: BackoffJitter::Full,
+            per_key_concurrency: 1,
+        }
+    }
+}
+
+/// `workers.backoff_jitter`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffJitter {
+    #[default]
+    Full,
+    Equal,
+    None,
+}
+
+impl Config {
+    /// Loads `path` (or the defaults when `None`) and applies the
+    /// environment of this process.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, std::env::vars())
+    }
+
+    /// Loads `path` and applies the given environment (testable form).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let (text, origin) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_owned(),
+                    source,
+                })?;
+                (text, p.to_owned())
+            }
+            None => (String::new(), PathBuf::from("<defaults>")),
+        };
+        Self::from_toml_with_env(&text, &origin, env)
+    }
+
+    /// Parses TOML text, applies the environment and validates.
+    pub fn from_toml_with_env(
+        text: &str,
+        origin: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let parse_err = |e: toml::de::Error| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: describe_parse_error(text, &e),
+        };
+        // Pass 1: the file alone, for errors with line numbers.
+        let mut config: Config = toml::from_str(text).map_err(parse_err)?;
+        // Pass 2: environment overrides on top of the file's table, one at
+        // a time, so an error names its variable.
+        let mut table: toml::Table = toml::from_str(text).map_err(parse_err)?;
+        for (var, value) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let rest = rest.to_ascii_lowercase();
+            let Some((section, key)) = rest.split_once('_') else {
+                continue;
+            };
+            if !ENV_SECTIONS.contains(&section) {
+                if !NOT_CONFIG.contains(&var.as_str()) && !var.starts_with("BREAKWATER_TEST_") {
+                    tracing::warn!(
+                    %var,
+                    sections = ?ENV_SECTIONS,
+                        "ignored: names no config section (BREAKWATER_<SECTION>_<KEY>)"
+                    );
+                }
+                continue;
+            }
+            config = apply_env(&mut table, section, key, &value)
+                .map_err(|message| ConfigError::Env { var, message })?;
+        }
+        config.validate().map_err(|e| e.located(text))?;
+        Ok(config)
+    }
+
+    /// The configuration with every secret replaced by `"<redacted>"`.
+    pub fn redacted(&self) -> Config {
+        let mut copy = self.clone();
+        if copy.admin.token.is_some() {
+            copy.admin.token = Some("<redacted>".to_owned());
+        }
+        for source in &mut copy.sources {
+            for secret in &mut source.secrets {
+                *secret = "<redacted>".to_owned();
+            }
+        }
+        copy.sink.url = redact_url(&copy.sink.url);
+        copy.queue.url = copy.queue.url.as_deref().map(redact_url);
+        // The backend's own keys as it reads them, defaults included.
+        if let Ok(effective) = crate::queue::check(&copy.queue) {
+            copy.queue.options = effective;
+        }
+        copy
+    }
+}
+
+/// `url` with any password redacted (see [`breakwater_sink::redact_url`]).
+pub use breakwater_sink::redact_url;
+
+#[cfg(test)]
+mod tests {
+    use super::parse_error::{TableHeader, table_at, table_header, top_level_lines};
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_with_env(text, Path::new("test.toml"), Vec::new())
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = parse("").expect("defaults are valid");
+        assert_eq!(c.ingress.listen.port(), 8080);
+        assert_eq!(c.queue.backend, "embedded");
+        assert!(c.sources.is_empty());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let err = parse("[ingress]\nlisten = \"127.0.0.1:1\"\nmax_bodyy = 3\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("line 3"), "{msg}");
+        assert!(msg.contains("`ingress.max_bodyy`"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let err = parse("[sink]\npool_max = \"many\"\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("line 2"), "{msg}");
+        assert!(msg.contains("pool_max"), "{msg}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let env = vec![
+            ("BREAKWATER_SINK_POOL_MAX".to_owned(), "7".to_owned()),
+            (
+                "BREAKWATER_INGRESS_LISTEN".to_owned(),
+                "127.0.0.1:9999".to_owned(),
+            ),
+            ("UNRELATED".to_owned(), "x".to_owned()),
+        ];
+        let c = Config::from_toml_with_env("[sink]\npool_max = 3\n", Path::new("t"), env)
+            .expect("valid");
+        assert_eq!(c.sink.pool_max, 7);
+        assert_eq!(c.ingress.listen.port(), 9999);
+    }
+
+    #[test]
+    fn env_values_keep_their_type_name_their_variable_and_hide_their_value() {
+        let load = |var: &str, value: &str| {
+            let env = vec![(var.to_owned(), value.to_owned())];
+            Config::from_toml_with_env("", Path::new("t"), env)
+        };
+        // A token that looks like a number stays a string.
+        let c = load("BREAKWATER_ADMIN_TOKEN", "123456").expect("valid");
+        assert_eq!(c.admin.token.as_deref(), Some("123456"));
+        // A value of the wrong type names the variable, not the value.
+        let err = load("BREAKWATER_SINK_POOL_MAX", "s3cr3t")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("BREAKWATER_SINK_POOL_MAX"), "{err}");
+        assert!(err.contains("sink.pool_max"), "{err}");
+        assert!(!err.contains("s3cr3t"), "{err}");
+        // The breaker's maximum is not a knob of its own, in the
+        // environment as in the file.
+        let err = load("BREAKWATER_BREAKER_MAX_CONCURRENCY", "5")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("workers.max_concurrency"), "{err}");
+        let err = parse("[breaker]\nmax_concurrency = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("breaker.max_concurrency"), "{err}");
+        // A variable naming no section changes nothing and fails nothing.
+        let c = load("BREAKWATER_WORKER_MAX_CONCURRENCY", "3").expect("ignored");
+        assert_eq!(
+            c.workers.max_concurrency,
+            Config::default().workers.max_concurrency
+        );
+    }
+
+    #[test]
+    fn a_parse_error_names_key_and_line_but_never_shows_the_value() {
+        let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = \"whsec_topsecret\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(err.contains("`source[0].secrets`"), "{err}");
+        assert!(!err.contains("topsecret"), "{err}");
+    }
+
+    #[test]
+    fn a_parse_error_names_the_table_of_its_key() {
+        let text = "[[source]] # first\nname = \"a\"\nscheme = \"github\"\nsecrets = [\n  \"x\",\n]\n\n\
+                    [[source]]\nname = \"b\"\nschemee = \"github\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("line 10"), "{err}");
+        assert!(err.contains("`source[1].schemee`"), "{err}");
+        let err = parse("nope = 1\n[ingress]\n").unwrap_err().to_string();
+        assert!(err.contains("(`nope`)"), "top level: {err}");
+        // Nested arrays of tables count within their parent item.
+        let text = "[[source]]\nname = \"a\"\nscheme = \"github\"\n\
+                    [[source.statement]]\nsql = \"SELECT 1\"\n\
+                    [[source]]\nname = \"b\"\nscheme = \"github\"\n\
+                    [[source.statement]]\nsqll = \"SELECT 2\"\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("`source[1].statement[0].sqll`"), "{err}");
+        assert_eq!(
+            table_at("[[source]]\n[[source.statement]]\n[source.statement.params]\n"),
+            Some("source[0].statement[0].params".to_owned())
+        );
+        // A header-like line inside a multi-line string is not a header.
+        assert_eq!(
+            table_at("[[source]]\nsql = \"\"\"\n[orders]\n\"\"\"\n"),
+            Some("source[0]".to_owned())
+        );
+        assert_eq!(
+            top_level_lines("a = [\n  1,\n]\n[t] # x\nb = '[u]'\n").collect::<Vec<_>>(),
+            vec!["a = [", "[t] # x", "b = '[u]'"]
+        );
+        // What cannot be read is not named rather than misnamed.
+        assert_eq!(table_at("[workers]\n[\"quoted\"]\n"), None);
+        assert_eq!(table_header("[ \"a\", \"b\" ]"), None, "an array line");
+        assert_eq!(
+            table_header(" [breaker.ramp] # steps"),
+            Some(TableHeader::Table("breaker.ramp"))
+        );
+        // A syntax error names no key: a secret pasted unquoted into a
+        // list, or on a line of its own, is not shown.
+        for text in [
+            "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = [\n  \"x\",\n  whsec_pasted=\n]\n",
+            "[[source]]\nname = \"a\"\nwhsec_pasted==\n",
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains("line "), "{err}");
+            assert!(!err.contains("whsec_pasted"), "{err}");
+        }
+    }
+
+    #[test]
+    fn bad_env_override_names_variable() {
+        let env = vec![("BREAKWATER_SINK_POOL_MAXX".to_owned(), "7".to_owned())];
+        let err = Config::from_toml_with_env("", Path::new("t"), env).unwrap_err();
+        assert!(err.to_string().contains("pool_maxx"), "{err}");
+    }
+
+    #[test]
+    fn lease_must_outlive_the_longest_source_apply() {
+        let with = |n: usize| {
+            let statement = "[[source.statement]]\nsql = \"SELECT 1\"\n";
+            parse(&format!(
+                "[[source]]\nname = \"s\"\nscheme = \"github\"\nsecrets = [\"x\"]\n{}",
+                statement.repeat(n)
+            ))
+        };
+        // Defaults: lease 30 s, pool wait 2 s, 5 s per statement.
+        assert!(with(4).is_ok(), "2 + (4 + 1) x 5 = 27 s fits");
+        let err = with(6).unwrap_err().to_string();
+        assert!(err.contains("queue.lease_ms"), "{err}");
+        assert!(err.contains("37000 ms") && err.contains("7 x"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_admin_token_is_refused() {
+        let err = parse("[admin]\ntoken = \"  \"\n").unwrap_err().to_string();
+        assert!(err.contains("admin.token"), "{err}");
+    }
+
+    #[test]
+    fn statement_timeout_must_exceed_lock_timeout() {
+        let err =
+            parse("[sink]\nlock_timeout_ms = 5000\nstatement_timeout_ms = 5000\n").unwrap_err();
+        assert!(
+            err.to_string().contains("sink.statement_timeout_ms"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn duplicate_source_names_rejected() {
+        let text = r#"
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["x"]
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["y"]
+"#;
+        let err = parse(text).unwrap_err();
+        assert!(err.to_string().contains("duplicate"), "{err}");
+    }
+
+    #[test]
+    fn bad_extractor_names_key() {
+        let text = r#"
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["x"]
+event_id = "body:/id"
+"#;
+        let err = parse(text).unwrap_err();
+        assert!(err.to_string().contains("source[0].event_id"), "{err}");
+    }
+
+    #[test]
+    fn redaction_hides_secrets_and_passwords() {
+        let text = r#"
+[sink]
+url = "postgres://app:hunter2@db/app"
+[[source]]
+name = "a"
+scheme = "github"
+secrets = ["topsecret"]
+"#;
+        let c = parse(text).expect("valid");
+        let shown = toml::to_string(&c.redacted()).expect("serializes");
+        assert!(!shown.contains("topsecret"));
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("postgres://app:<redacted>@db/app"));
+    }
+}

@@ -1,0 +1,139 @@
+//! What the types of the config cannot express: timeouts that must be
+//! ordered, a lease that outlives the longest apply, a token off loopback,
+//! the queue backend's own keys, the sources.
+
+use super::{Config, ConfigError};
+
+impl Config {
+    /// Checks what the types cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let sink = &self.sink;
+        if sink.statement_timeout_ms <= sink.lock_timeout_ms {
+            return Err(ConfigError::invalid(
+                "sink.statement_timeout_ms",
+                format!(
+                    "must be larger than sink.lock_timeout_ms ({} <= {}); otherwise the \
+                     statement timeout fires first and the lock timeout never does",
+                    sink.statement_timeout_ms, sink.lock_timeout_ms
+                ),
+            ));
+        }
+        if sink.pool_max == 0 {
+            return Err(ConfigError::invalid("sink.pool_max", "must be at least 1"));
+        }
+        if self.workers.max_concurrency == 0 {
+            return Err(ConfigError::invalid(
+                "workers.max_concurrency",
+                "must be at least 1",
+            ));
+        }
+        if self.workers.max_attempts == 0 {
+            return Err(ConfigError::invalid(
+                "workers.max_attempts",
+                "must be at least 1",
+            ));
+        }
+        // `serve` sets the breaker's maximum to the pool's size; a value of
+        // its own would be silently replaced.
+        if self.breaker.max_concurrency
+            != breakwater_control::BreakerConfig::default().max_concurrency
+        {
+            return Err(ConfigError::invalid(
+                "breaker.max_concurrency",
+                "the breaker's maximum is the workers' pool: set workers.max_concurrency \
+                 (BREAKWATER_WORKERS_MAX_CONCURRENCY) instead",
+            ));
+        }
+        self.breaker.validate().map_err(|e| match e {
+            breakwater_control::ConfigError::Invalid { key, problem } => {
+                ConfigError::invalid(format!("breaker.{key}"), problem)
+            }
+        })?;
+        if self.ingress.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                "ingress.max_body_bytes",
+                "must be at least 1",
+            ));
+        }
+        // A lease must outlive the longest apply (pool wait, then the
+        // inbox insert and each statement, every one under the statement
+        // timeout), or a slow apply's message is handed to a second worker.
+        let statements = self
+            .sources
+            .iter()
+            .map(|s| s.statements.len())
+            .max()
+            .unwrap_or(0)
+            .max(1) as u64
+            + 1;
+        let longest_apply = sink
+            .statement_timeout_ms
+            .saturating_mul(statements)
+            .saturating_add(sink.acquire_timeout_ms);
+        if self.queue.lease_ms < longest_apply.max(1000) {
+            return Err(ConfigError::invalid(
+                "queue.lease_ms",
+                format!(
+                    "must be at least {} ms (sink.acquire_timeout_ms + {statements} x \
+                     sink.statement_timeout_ms: the inbox insert and the most statements \
+                     of any source), or a slow apply outlives its lease and runs twice",
+                    longest_apply.max(1000)
+                ),
+            ));
+        }
+        if self
+            .admin
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "is empty: set a secret, or leave the key out on a loopback admin.listen",
+            ));
+        }
+        crate::queue::check(&self.queue).map_err(|problem| {
+            let key = problem.key.as_deref().unwrap_or("backend");
+            ConfigError::invalid(
+                format!("queue.{key}"),
+                super::parse_error::hide_values(&problem.message),
+            )
+        })?;
+        if !self.admin.listen.ip().is_loopback() && self.admin.token.is_none() {
+            return Err(ConfigError::invalid(
+                "admin.token",
+                "required when admin.listen is not a loopback address",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, source) in self.sources.iter().enumerate() {
+            let key = format!("source[{i}]");
+            if source.name.is_empty()
+                || !source
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            {
+                return Err(ConfigError::invalid(
+                    format!("{key}.name"),
+                    "must be non-empty and use only letters, digits, '-' and '_'",
+                ));
+            }
+            if !names.insert(source.name.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.name"),
+                    format!("duplicate source name \"{}\"", source.name),
+                ));
+            }
+            if source.scheme == super::SchemeName::Hmac && source.header.is_none() {
+                return Err(ConfigError::invalid(
+                    format!("{key}.header"),
+                    "the hmac scheme needs the name of the signature header",
+                ));
+            }
+            crate::source::check_extractors(source)
+                .map_err(|(field, m)| ConfigError::invalid(format!("{key}.{field}"), m))?;
+        }
+        Ok(())
+    }
+}

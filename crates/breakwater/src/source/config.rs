@@ -1,0 +1,109 @@
+//! `[[source]]` as the config file writes it: one issuer of webhooks, its
+//! signature scheme and secrets, where its event id and entity key are, and
+//! the statements it runs. [`super::compile_all`] turns these into what the
+//! ingress runs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Signature scheme of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemeName {
+    Stripe,
+    Shopify,
+    Github,
+    Standard,
+    Hmac,
+}
+
+/// HMAC algorithm of the generic scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HmacAlgorithm {
+    #[default]
+    Sha256,
+    Sha1,
+}
+
+/// Signature encoding of the generic scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HmacEncoding {
+    #[default]
+    Hex,
+    Base64,
+}
+
+/// `[[source]]`: one issuer of webhooks, reachable at `POST /webhooks/{name}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub name: String,
+    pub scheme: SchemeName,
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Environment variable holding comma-separated secrets.
+    #[serde(default)]
+    pub secrets_env: Option<String>,
+    /// File holding one secret per line.
+    #[serde(default)]
+    pub secrets_file: Option<PathBuf>,
+    /// Replay window of timestamped schemes (stripe, standard), in seconds.
+    #[serde(default)]
+    pub tolerance_secs: Option<u64>,
+    /// Generic HMAC: header carrying the signature.
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub algorithm: HmacAlgorithm,
+    #[serde(default)]
+    pub encoding: HmacEncoding,
+    /// Generic HMAC: prefix before the signature, e.g. `sha256=`.
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// `json:/pointer` or `header:Name`; absent: the scheme's id header, else
+    /// a hash of the body.
+    #[serde(default)]
+    pub event_id: Option<String>,
+    /// `json:/pointer` or `header:Name`; absent: no entity key (no lane).
+    #[serde(default)]
+    pub entity_key: Option<String>,
+    /// Statements run in the inbox transaction, only for a new event id.
+    #[serde(default, rename = "statement")]
+    pub statements: Vec<StatementConfig>,
+}
+
+impl SourceConfig {
+    /// A source as the file would give it with only `name`, `scheme` and
+    /// `secrets` set: every other key at its default.
+    pub fn new(name: impl Into<String>, scheme: SchemeName, secrets: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            scheme,
+            secrets,
+            secrets_env: None,
+            secrets_file: None,
+            tolerance_secs: None,
+            header: None,
+            algorithm: HmacAlgorithm::default(),
+            encoding: HmacEncoding::default(),
+            prefix: None,
+            event_id: None,
+            entity_key: None,
+            statements: Vec::new(),
+        }
+    }
+}
+
+/// `[[source.statement]]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatementConfig {
+    pub sql: String,
+    /// Named parameters: `json:/pointer` or `header:Name`.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+}
