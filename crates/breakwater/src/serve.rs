@@ -47,9 +47,11 @@ pub enum Role {
 pub enum ServeError {
     #[error(transparent)]
     Source(#[from] source::SourceError),
-    #[error("cannot open the queue: {0}")]
+    // The cause is the error's source, not part of its message: printed
+    // with its chain (`{:#}`), the message would say it twice.
+    #[error("cannot open the queue")]
     Queue(#[from] crate::queue::QueueError),
-    #[error("sink: {0}")]
+    #[error("sink")]
     Sink(#[from] breakwater_sink::SinkSetupError),
     #[error("invalid [breaker] config: {0}")]
     Breaker(#[from] breakwater_control::ConfigError),

@@ -63,15 +63,25 @@ fn missing_secret_env_is_a_clear_error() {
 }
 
 #[test]
-fn queue_stats_reads_the_store() {
+fn queue_stats_reads_the_store_and_never_makes_one() {
     let sandbox = Sandbox::new("");
-    let out = breakwater(&[
-        "queue",
-        "stats",
-        "--json",
-        "--config",
-        sandbox.config_path().to_str().expect("utf8"),
-    ]);
+    let config = sandbox.config_path().to_str().expect("utf8").to_owned();
+    let store = sandbox.queue_db().parent().expect("queue dir").to_owned();
+    // No store yet: said plainly, nothing created.
+    let out = breakwater(&["queue", "stats", "--config", &config]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no queue at"), "{err}");
+    assert_eq!(err.matches("no queue at").count(), 1, "said twice: {err}");
+    assert!(!store.exists(), "a read-only command created {store:?}");
+
+    drop(
+        breakwater_queue_embedded::EmbeddedQueue::open(
+            &breakwater_queue_embedded::EmbeddedConfig::at(&store),
+        )
+        .expect("create the store"),
+    );
+    let out = breakwater(&["queue", "stats", "--json", "--config", &config]);
     assert!(
         out.status.success(),
         "{}",

@@ -234,3 +234,50 @@ async fn ingress_takes_webhooks_while_the_sink_does_not_answer() {
     .any(|line| line.contains("does not answer"));
     assert!(warned, "no warning that the sink does not answer");
 }
+
+/// An ingress-only process runs no breaker (its ingress never waits on
+/// one): `/breaker` says where the breaker lives instead of showing a
+/// frozen one, and trip and reset are refused, not silently applied to
+/// nothing.
+#[tokio::test]
+async fn an_ingress_only_node_says_where_the_breaker_runs() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start_ingress();
+    let http = Http::default();
+    let view = http.get(&server.admin_url("/breaker")).await;
+    assert_eq!(view.status, StatusCode::OK);
+    let view = view.json();
+    assert!(view["breaker"].is_null(), "{view}");
+    assert_eq!(view["location"]["kind"], "with_the_workers", "{view}");
+    assert!(
+        view["location"]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("worker processes")),
+        "{view}"
+    );
+    for path in ["/breaker/trip", "/breaker/reset"] {
+        let refused = http.post(&server.admin_url(path), &[], Vec::new()).await;
+        assert_eq!(refused.status, StatusCode::CONFLICT, "{path}");
+        assert_eq!(refused.json()["error"], "no_breaker", "{path}");
+    }
+    // The ingress still takes webhooks.
+    let a = post_stripe(&http, &server, stripe_event("evt_ingress_only", "7")).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+}
+
+/// Dead letters through the admin API: an empty DLQ pages as an empty
+/// list, and an unknown id is a 404 in JSON.
+#[tokio::test]
+async fn the_admin_api_lists_dead_letters_through_the_queue_contract() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start_ingress();
+    let http = Http::default();
+    let list = http.get(&server.admin_url("/dlq")).await;
+    assert_eq!(list.status, StatusCode::OK, "{:?}", list.body);
+    let list = list.json();
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(0), "{list}");
+    assert!(list["next_after"].is_null());
+    let missing = http.get(&server.admin_url("/dlq/999")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert_eq!(missing.json()["error"], "not_found");
+}

@@ -3,7 +3,7 @@
 //!
 //! - `GET /metrics`: Prometheus text format;
 //! - `GET /queue/stats`: the queue's counts;
-//! - `GET /dlq?limit=N&after=ID`, `GET /dlq/{id}`: dead letters, on every
+//! - `GET /dlq[?limit=N&after=ID]`, `GET /dlq/{id}`: dead letters, on every
 //!   backend (through the queue contract);
 //! - `GET /breaker`: where the breaker runs and, in a process that runs it,
 //!   its state, reason, limit, every signal with its value and threshold,
@@ -126,10 +126,19 @@ async fn queue_stats(State(admin): State<Arc<Admin>>) -> Response {
     }
 }
 
-async fn dlq_list(State(admin): State<Arc<Admin>>, Query(page): Query<DlqPage>) -> Response {
+/// Query of `GET /dlq`.
+#[derive(Debug, serde::Deserialize)]
+struct DlqQuery {
+    /// At most this many (100 by default, at most [`DLQ_PAGE_MAX`]).
+    limit: Option<usize>,
+    /// The id of the last dead letter of the previous page.
+    after: Option<String>,
+}
+
+async fn dlq_list(State(admin): State<Arc<Admin>>, Query(q): Query<DlqQuery>) -> Response {
     let page = DlqPage {
-        limit: page.limit.clamp(1, DLQ_PAGE_MAX),
-        after: page.after,
+        limit: q.limit.unwrap_or(100).clamp(1, DLQ_PAGE_MAX),
+        after: q.after,
     };
     match admin.queue.dlq_list(&page).await {
         Ok(items) => {

@@ -516,4 +516,41 @@ secrets = ["topsecret"]
         assert!(!shown.contains("hunter2"));
         assert!(shown.contains("postgres://app:<redacted>@db/app"));
     }
+
+    #[test]
+    fn the_queue_backends_own_keys_are_checked_with_their_line() {
+        let err =
+            parse("[ingress]\nmax_body_bytes = 10\n\n[queue]\nlease_ms = 60000\nmax_bach = 3\n")
+                .expect_err("unknown embedded key")
+                .to_string();
+        assert!(err.contains("queue.max_bach (line 6)"), "{err}");
+        assert!(err.contains("expected one of"), "{err}");
+        let err = parse("[queue]\nbackend = \"kafka\"\n")
+            .expect_err("not built")
+            .to_string();
+        assert!(err.contains("queue.backend (line 2)"), "{err}");
+        assert!(err.contains("not available in this build"), "{err}");
+        let err = parse("[queue]\nbackend = \"rabbitmqq\"\n")
+            .expect_err("unknown")
+            .to_string();
+        assert!(err.contains("expected one of embedded"), "{err}");
+    }
+
+    #[test]
+    fn the_backends_own_keys_take_environment_overrides_and_show_with_defaults() {
+        let c = Config::from_toml_with_env(
+            "[queue]\nmax_batch = 8\n",
+            Path::new("t.toml"),
+            [("BREAKWATER_QUEUE_PATH".to_owned(), "/tmp/q".to_owned())],
+        )
+        .expect("config");
+        let shown = c.redacted().queue.options;
+        assert_eq!(shown.get("path").and_then(|v| v.as_str()), Some("/tmp/q"));
+        assert_eq!(shown.get("max_batch").and_then(|v| v.as_integer()), Some(8));
+        assert_eq!(
+            shown.get("max_pending").and_then(|v| v.as_integer()),
+            Some(16_384),
+            "defaults filled in: {shown:?}"
+        );
+    }
 }
