@@ -157,7 +157,7 @@ pub(crate) fn now_ms() -> i64 {
 /// commit (0.5 ms). Rare stalls set the ingress's tail latency, and the
 /// log line says when and for how long. A checkpoint pass this slow is
 /// logged at debug level: passes of 20–30 ms are routine on a store that
-/// grows into fresh memory (see ARCHITECTURE.md), and they stall nobody
+/// grows into fresh memory (see docs/measurements.md, "Checkpoints and the WAL"), and they stall nobody
 /// by themselves.
 const SLOW: Duration = Duration::from_millis(20);
 
