@@ -30,7 +30,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use crate::fault::Fault;
-use crate::proxy::{LiveGuard, Shared};
+use crate::shared::{LiveGuard, Shared};
 
 /// Largest chunk read (and delayed, or swallowed) at once.
 const CHUNK: usize = 16 * 1024;

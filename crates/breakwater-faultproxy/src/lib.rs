@@ -60,6 +60,7 @@
 mod conn;
 mod fault;
 mod proxy;
+mod shared;
 
 pub use fault::Fault;
 pub use proxy::{FaultProxy, ProxyStats};

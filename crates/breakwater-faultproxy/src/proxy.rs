@@ -1,6 +1,6 @@
 //! The proxy handle and its accept loop.
 //!
-//! All state lives in [`Shared`]: one `watch` channel carrying [`Control`]
+//! All state lives in [`Shared`] (`shared.rs`): one `watch` channel carrying [`Control`]
 //! (the current fault, a reset generation and the shutdown flag) plus atomic
 //! counters. The `watch` channel is the single source of truth and the
 //! wake-up mechanism at once:
@@ -28,6 +28,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::conn;
 use crate::fault::Fault;
+use crate::shared::{Control, LiveGuard, Shared};
 
 /// Counters since the proxy started. All values are a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,46 +41,6 @@ pub struct ProxyStats {
     pub bytes_up: u64,
     /// Bytes forwarded upstream -> client (swallowed bytes not counted).
     pub bytes_down: u64,
-}
-
-/// What every task watches. `ResetAll` is applied as `resets += 1`.
-#[derive(Debug, Default)]
-pub(crate) struct Control {
-    pub(crate) fault: Fault,
-    pub(crate) resets: u64,
-    pub(crate) shutdown: bool,
-}
-
-pub(crate) struct Shared {
-    pub(crate) upstream: SocketAddr,
-    pub(crate) control: watch::Sender<Control>,
-    accepted: AtomicU64,
-    live: AtomicU64,
-    pub(crate) bytes_up: AtomicU64,
-    pub(crate) bytes_down: AtomicU64,
-}
-
-impl Shared {
-    /// The fault to apply to the chunk (or connection) at hand.
-    pub(crate) fn fault(&self) -> Fault {
-        self.control.borrow().fault
-    }
-}
-
-/// Counts a connection as live for as long as it is held.
-pub(crate) struct LiveGuard(Arc<Shared>);
-
-impl LiveGuard {
-    fn new(shared: &Arc<Shared>) -> Self {
-        shared.live.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(shared))
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        self.0.live.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// A running fault-injection proxy. Cheap to clone; all clones control the
