@@ -281,6 +281,18 @@ impl<A: ProbeAdmission> Breaker<A> {
         None
     }
 
+    /// The half-open period and its probe limit, while probes may be
+    /// admitted (half-open, no manual override, not dry run): what a fleet
+    /// store's slots are counted against (see [`crate::ProbeSlots`]).
+    pub fn probe_period(&self) -> Option<(u64, u32)> {
+        (self.state == State::HalfOpen && self.manual.is_none() && !self.cfg.dry_run).then(|| {
+            (
+                self.period,
+                self.cfg.half_open.max_probes.min(self.cfg.max_concurrency),
+            )
+        })
+    }
+
     /// In half-open, takes a probe slot; `None` when not half-open, in
     /// dry-run mode, under a manual override, or when all slots are taken.
     pub fn try_admit_probe(&mut self, now: Instant) -> Option<ProbeTicket> {

@@ -46,6 +46,7 @@
 //! | [`signals`] | the six trip signals |
 //! | [`gate`] | [`GateSnapshot`] and the lock-free [`SharedGate`] |
 //! | [`probe`] | half-open probe admission ([`ProbeAdmission`]) |
+//! | [`coordination`] | the async seams a fleet plugs into: the shared breaker record and fleet-wide probe slots, with one-node stores |
 //! | [`ramp`] | ramp step limits and cool-down lengths |
 //! | [`backoff`] | retry delays: full, equal, decorrelated or no jitter |
 //! | [`status`] | what `breaker status` shows |
@@ -56,6 +57,7 @@
 pub mod backoff;
 pub mod breaker;
 pub mod config;
+pub mod coordination;
 pub mod gate;
 pub mod probe;
 pub mod ramp;
@@ -69,6 +71,10 @@ pub use breaker::Breaker;
 pub use config::{
     BreakerConfig, ConfigError, CoolDownConfig, DbLockWaitersConfig, DlqConfig, FailureRatioConfig,
     HalfOpenConfig, InFlightConfig, LockWaitConfig, RampConfig, SlowCallConfig,
+};
+pub use coordination::{
+    BreakerRecord, BreakerStore, CoordinationError, LocalBreakerStore, LocalProbeSlots, ProbeSlot,
+    ProbeSlots,
 };
 pub use gate::{GateSnapshot, SharedGate};
 pub use probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};

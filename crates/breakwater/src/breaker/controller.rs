@@ -29,8 +29,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use breakwater_control::{
-    Breaker, BreakerConfig, BreakerStatus, ConfigError, GateSnapshot, Heartbeat, Outcome,
-    ProbeTicket, QueueSample, SharedGate, SignalKind, State, Transition, WorkerState,
+    Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
+    Heartbeat, LocalBreakerStore, LocalProbeSlots, Outcome, ProbeSlot, ProbeSlots, ProbeTicket,
+    QueueSample, SharedGate, SignalKind, State, Transition, WorkerState,
 };
 use breakwater_sink::Sink;
 use tokio::sync::{Notify, watch};
@@ -111,6 +112,32 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// A half-open probe admitted: the breaker's ticket, and the fleet slot
+/// taken before it (none when the store could not be reached and the node
+/// fell back to its own admission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    pub ticket: ProbeTicket,
+    pub slot: Option<ProbeSlot>,
+}
+
+/// Where this controller shares its breaker: the in-memory stores on one
+/// node; a fleet store (Redis) behind the same traits.
+pub struct Coordination {
+    pub store: Arc<dyn BreakerStore>,
+    pub probe_slots: Arc<dyn ProbeSlots>,
+}
+
+impl Coordination {
+    /// One node: the record and the probe slots in memory.
+    pub fn local() -> Self {
+        Self {
+            store: Arc::new(LocalBreakerStore::default()),
+            probe_slots: Arc::new(LocalProbeSlots::default()),
+        }
+    }
+}
+
 /// The breaker and everything that feeds it.
 pub struct Controller {
     breaker: Mutex<Breaker>,
@@ -118,6 +145,12 @@ pub struct Controller {
     changed: Notify,
     pub slots: Slots,
     last_lock_waiters: Mutex<Option<u32>>,
+    coordination: Coordination,
+    /// How long a fleet probe slot is held at most (the probe timeout).
+    probe_ttl: Duration,
+    /// The record to share next, set at every transition and stored by the
+    /// tick loop (in order, by compare-and-set).
+    record: watch::Sender<Option<BreakerRecord>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -131,6 +164,16 @@ impl std::fmt::Debug for Controller {
 impl Controller {
     /// A controller for a pool of `workers` slots.
     pub fn new(config: BreakerConfig, workers: usize) -> Result<Arc<Self>, ConfigError> {
+        Self::with_coordination(config, workers, Coordination::local())
+    }
+
+    /// A controller that shares its breaker through `coordination`.
+    pub fn with_coordination(
+        config: BreakerConfig,
+        workers: usize,
+        coordination: Coordination,
+    ) -> Result<Arc<Self>, ConfigError> {
+        let probe_ttl = Duration::from_millis(config.half_open.probe_timeout_ms);
         let breaker = Breaker::new(config, Instant::now())?;
         let gate = breaker.shared_gate();
         let controller = Self {
@@ -139,6 +182,9 @@ impl Controller {
             changed: Notify::new(),
             slots: Slots::new(workers),
             last_lock_waiters: Mutex::new(None),
+            coordination,
+            probe_ttl,
+            record: watch::channel(None).0,
         };
         controller.publish_gauges();
         Ok(Arc::new(controller))
@@ -161,18 +207,31 @@ impl Controller {
     }
 
     /// Reports a finished apply.
-    pub fn record(&self, outcome: Outcome, probe: Option<ProbeTicket>) {
+    pub fn record(&self, outcome: Outcome, probe: Option<Probe>) {
         let now = Instant::now();
         let t = {
             let mut b = self.breaker();
             match probe {
-                Some(ticket) => b.record_probe_outcome(ticket, outcome, now),
+                Some(p) => b.record_probe_outcome(p.ticket, outcome, now),
                 None => b.record_outcome(outcome, now),
             }
         };
+        if let Some(slot) = probe.and_then(|p| p.slot) {
+            self.give_back(slot);
+        }
         if let Some(t) = t {
             self.announce(&t);
         }
+    }
+
+    /// Frees a fleet probe slot without waiting for the store.
+    fn give_back(&self, slot: ProbeSlot) {
+        let slots = Arc::clone(&self.coordination.probe_slots);
+        tokio::spawn(async move {
+            if let Err(e) = slots.give_back(slot).await {
+                tracing::debug!(error = %e, "probe slot not given back; it lapses at its TTL");
+            }
+        });
     }
 
     /// Whether the database looks like the problem right now: the breaker
@@ -193,9 +252,33 @@ impl Controller {
                     .any(|s| s.tripping || s.value.is_some_and(|v| v >= s.threshold / 2.0)))
     }
 
-    /// Half-open: takes a probe slot if one is free.
-    pub fn try_admit_probe(&self) -> Option<ProbeTicket> {
-        self.breaker().try_admit_probe(Instant::now())
+    /// Half-open: takes a probe slot if one is free, fleet-wide first (the
+    /// shared store), then in this node's breaker. A store that cannot be
+    /// reached leaves the node to its own admission.
+    pub async fn try_admit_probe(&self) -> Option<Probe> {
+        let (period, limit) = self.breaker().probe_period()?;
+        let slot = match self
+            .coordination
+            .probe_slots
+            .try_take(period, limit, self.probe_ttl, Instant::now())
+            .await
+        {
+            Ok(Some(slot)) => Some(slot),
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "probe admission falls back to this node's own");
+                None
+            }
+        };
+        match self.breaker().try_admit_probe(Instant::now()) {
+            Some(ticket) => Some(Probe { ticket, slot }),
+            None => {
+                if let Some(slot) = slot {
+                    self.give_back(slot);
+                }
+                None
+            }
+        }
     }
 
     /// The breaker's full status.
@@ -245,7 +328,47 @@ impl Controller {
         }
         metrics::counter!(telemetry::BREAKER_TRANSITIONS, "to" => t.to.as_str()).increment(1);
         self.publish_gauges();
+        self.record.send_modify(|r| {
+            let generation = r.as_ref().map_or(1, |r| r.generation + 1);
+            *r = Some(BreakerRecord {
+                state: t.to,
+                reason: t.reason.to_string(),
+                limit: t.limit,
+                generation,
+            });
+        });
         self.changed.notify_waiters();
+    }
+
+    /// Stores each new record in the coordination store, in order, by
+    /// compare-and-set on the generation this node stored last.
+    async fn share_records(&self, mut stop: watch::Receiver<bool>) {
+        let mut records = self.record.subscribe();
+        let mut stored: Option<u64> = None;
+        loop {
+            tokio::select! {
+                changed = records.changed() => if changed.is_err() { break },
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            let Some(record) = records.borrow_and_update().clone() else {
+                continue;
+            };
+            let generation = record.generation;
+            match self
+                .coordination
+                .store
+                .compare_and_set(stored, record)
+                .await
+            {
+                Ok(true) => stored = Some(generation),
+                // Another node moved first; following it is the fleet's job.
+                Ok(false) => tracing::info!(
+                    generation,
+                    "the shared breaker record moved elsewhere; this node keeps its own"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot share the breaker record"),
+            }
+        }
     }
 
     fn publish_gauges(&self) {
@@ -270,6 +393,11 @@ impl Controller {
         // Sampling waits on the queue and the database, which may be the
         // very thing that is down: it runs beside the tick, never in it.
         let sampler = tokio::spawn(Arc::clone(&self).sample_loop(queue, sink, stop.clone()));
+        let sharer = {
+            let this = Arc::clone(&self);
+            let stop = stop.clone();
+            tokio::spawn(async move { this.share_records(stop).await })
+        };
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -289,6 +417,7 @@ impl Controller {
             }
         }
         let _ = sampler.await;
+        let _ = sharer.await;
     }
 
     async fn sample_loop(

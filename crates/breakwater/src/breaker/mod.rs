@@ -2,7 +2,13 @@
 //! breaker of `breakwater-control`, feeds it the sampled signals, publishes
 //! its gate and logs every transition. Only a process that runs workers
 //! has one; an ingress-only process never waits on the breaker.
+//!
+//! The controller shares its breaker through the async seams of
+//! `breakwater_control::coordination` ([`Coordination`]): every transition
+//! becomes a record stored by compare-and-set, and a half-open probe takes a
+//! fleet slot before the breaker's own. One node uses the in-memory stores;
+//! a fleet store drops in behind the same traits.
 
 pub mod controller;
 
-pub use self::controller::{Controller, LOCK_WAIT_AFTER, SlotGuard, Slots};
+pub use self::controller::{Controller, Coordination, LOCK_WAIT_AFTER, Probe, SlotGuard, Slots};

@@ -36,7 +36,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use breakwater_control::{BackoffPolicy, GateSnapshot, Outcome, OutcomeClass, ProbeTicket};
+use breakwater_control::{BackoffPolicy, GateSnapshot, Outcome, OutcomeClass};
 use breakwater_sink::{Applied, Event, FailureClass, Sink, SinkError};
 use futures_util::FutureExt;
 use rand::SeedableRng;
@@ -46,6 +46,7 @@ use tokio::task::JoinSet;
 
 use self::lanes::{Admit, LaneOutcome, LaneSettings, Lanes, ParkedKey};
 pub use crate::breaker::Controller;
+use crate::breaker::Probe;
 use crate::queue::{DeadLetterReason, Delivery, Flow, Queue, Receipt};
 use crate::telemetry;
 
@@ -81,7 +82,7 @@ pub struct WorkerSettings {
 #[derive(Debug)]
 struct Job {
     delivery: Delivery,
-    probe: Option<ProbeTicket>,
+    probe: Option<Probe>,
 }
 
 impl Job {
@@ -281,7 +282,7 @@ impl Dispatcher {
             }
             let started_before = self.running.len();
             for delivery in deliveries {
-                self.admit(delivery, gate.probe_only);
+                self.admit(delivery, gate.probe_only).await;
             }
             if self.running.len() == started_before {
                 // Nothing could start (empty queue, or only held, parked or
@@ -321,16 +322,16 @@ impl Dispatcher {
 
     /// Routes one claimed message through the lanes (and, half-open, the
     /// probe admission).
-    fn admit(&mut self, delivery: Delivery, probe_only: bool) {
+    async fn admit(&mut self, delivery: Delivery, probe_only: bool) {
         let now = Instant::now();
         let mut probe = None;
         if probe_only {
             let key = delivery.message.entity_key.as_deref();
-            let ticket = self
-                .lanes
-                .can_run(key, now)
-                .then(|| self.controller.try_admit_probe())
-                .flatten();
+            let ticket = if self.lanes.can_run(key, now) {
+                self.controller.try_admit_probe().await
+            } else {
+                None
+            };
             match ticket {
                 Some(t) => probe = Some(t),
                 None => {
