@@ -346,27 +346,29 @@ impl Controller {
         let mut records = self.record.subscribe();
         let mut stored: Option<u64> = None;
         loop {
+            // The latest record (one made before this task started included),
+            // unless it is the one stored already.
+            let latest = records.borrow_and_update().clone();
+            if let Some(record) = latest.filter(|r| Some(r.generation) != stored) {
+                let generation = record.generation;
+                match self
+                    .coordination
+                    .store
+                    .compare_and_set(stored, record)
+                    .await
+                {
+                    Ok(true) => stored = Some(generation),
+                    // Another node moved first; following it is the fleet's job.
+                    Ok(false) => tracing::info!(
+                        generation,
+                        "the shared breaker record moved elsewhere; this node keeps its own"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "cannot share the breaker record"),
+                }
+            }
             tokio::select! {
                 changed = records.changed() => if changed.is_err() { break },
                 _ = stop.wait_for(|s| *s) => break,
-            }
-            let Some(record) = records.borrow_and_update().clone() else {
-                continue;
-            };
-            let generation = record.generation;
-            match self
-                .coordination
-                .store
-                .compare_and_set(stored, record)
-                .await
-            {
-                Ok(true) => stored = Some(generation),
-                // Another node moved first; following it is the fleet's job.
-                Ok(false) => tracing::info!(
-                    generation,
-                    "the shared breaker record moved elsewhere; this node keeps its own"
-                ),
-                Err(e) => tracing::warn!(error = %e, "cannot share the breaker record"),
             }
         }
     }
@@ -381,6 +383,20 @@ impl Controller {
         };
         metrics::gauge!(telemetry::BREAKER_STATE).set(state);
         metrics::gauge!(telemetry::BREAKER_LIMIT).set(f64::from(g.limit));
+    }
+
+    /// One evaluation: the slots' heartbeats, then the breaker's rules.
+    fn evaluate(&self) {
+        let now = Instant::now();
+        let beats = self.slots.heartbeats(now);
+        let t = {
+            let mut b = self.breaker();
+            b.observe_heartbeats(&beats, now);
+            b.evaluate(now)
+        };
+        if let Some(t) = t {
+            self.announce(&t);
+        }
     }
 
     /// The tick loop: samples signals and evaluates until `stop`.
@@ -405,16 +421,7 @@ impl Controller {
                 _ = tick.tick() => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
-            let now = Instant::now();
-            let beats = self.slots.heartbeats(now);
-            let t = {
-                let mut b = self.breaker();
-                b.observe_heartbeats(&beats, now);
-                b.evaluate(now)
-            };
-            if let Some(t) = t {
-                self.announce(&t);
-            }
+            self.evaluate();
         }
         let _ = sampler.await;
         let _ = sharer.await;
@@ -533,5 +540,90 @@ mod tests {
         let back = c.reset(false, None);
         assert!(back.is_some());
         assert!(c.gate().may_poll || c.gate().probe_only);
+    }
+
+    /// A fleet store that has no slot to give.
+    struct FullFleet;
+
+    #[async_trait::async_trait]
+    impl ProbeSlots for FullFleet {
+        async fn try_take(
+            &self,
+            _period: u64,
+            _limit: u32,
+            _ttl: Duration,
+            _now: Instant,
+        ) -> Result<Option<ProbeSlot>, breakwater_control::CoordinationError> {
+            Ok(None)
+        }
+        async fn give_back(
+            &self,
+            _slot: ProbeSlot,
+        ) -> Result<(), breakwater_control::CoordinationError> {
+            Ok(())
+        }
+    }
+
+    /// A breaker that opens on one dependency failure and cools down in
+    /// 20 ms, driven to half-open.
+    async fn half_open(coordination: Coordination) -> Arc<Controller> {
+        let mut config = BreakerConfig::default();
+        config.failure_ratio.min_calls = 1;
+        config.cool_down.base_ms = 20;
+        config.cool_down.cap_ms = 20;
+        config.cool_down.jitter = 0.0;
+        let c = Controller::with_coordination(config, 4, coordination).expect("controller");
+        c.record(Outcome::dependency(Duration::from_millis(5)), None);
+        c.evaluate();
+        assert_eq!(c.gate().state, State::Open);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        c.evaluate();
+        assert_eq!(c.gate().state, State::HalfOpen);
+        c
+    }
+
+    #[tokio::test]
+    async fn a_probe_needs_a_fleet_slot_before_the_breakers_own() {
+        let full = Coordination {
+            store: Arc::new(LocalBreakerStore::default()),
+            probe_slots: Arc::new(FullFleet),
+        };
+        let c = half_open(full).await;
+        assert_eq!(c.try_admit_probe().await, None, "the fleet had no slot");
+
+        let c = half_open(Coordination::local()).await;
+        let probe = c.try_admit_probe().await.expect("a probe");
+        assert!(probe.slot.is_some(), "a fleet slot was taken");
+    }
+
+    #[tokio::test]
+    async fn every_transition_is_stored_in_order() {
+        let store = Arc::new(LocalBreakerStore::default());
+        let coordination = Coordination {
+            store: Arc::clone(&store) as Arc<dyn BreakerStore>,
+            probe_slots: Arc::new(LocalProbeSlots::default()),
+        };
+        let c = Controller::with_coordination(BreakerConfig::default(), 4, coordination)
+            .expect("controller");
+        let (stop, stop_rx) = watch::channel(false);
+        let sharer = {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move { c.share_records(stop_rx).await })
+        };
+        c.trip("maintenance", None);
+        c.reset(true, None);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let stored = store.load().await.expect("load");
+            if stored.as_ref().is_some_and(|r| r.generation == 2) {
+                let r = stored.expect("record");
+                assert_eq!(r.state, c.gate().state, "{r:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "stored {stored:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
+        sharer.await.expect("sharer");
     }
 }
