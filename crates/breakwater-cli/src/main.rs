@@ -11,46 +11,96 @@ use breakwater::serve::{self, Role};
 use breakwater_admin_api::{BreakerLocation, BreakerView, TransitionAnswer};
 use clap::{Parser, Subcommand};
 
+/// `print!` that returns an error instead of panicking when stdout is
+/// closed (`breakwater breaker status | head -2`): `main` ends quietly on
+/// it.
+macro_rules! outp {
+    ($($arg:tt)*) => {
+        write_stdout(format_args!($($arg)*))?
+    };
+}
+
+/// `println!`, the same way as [`outp!`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        outp!("{}\n", format_args!($($arg)*))
+    };
+}
+
+fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write;
+    std::io::stdout().lock().write_fmt(args)
+}
+
+/// Whether `e` is stdout closed under us: the reader went away, which is
+/// no failure of the command.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 /// Webhook ingress gateway with a dynamic ingestion circuit breaker.
 #[derive(Debug, Parser)]
 #[command(name = "breakwater", version, about, long_about = None)]
 struct Cli {
-    /// Config file. Default: ./breakwater.toml if it exists, else built-in
-    /// defaults. Every key can be overridden by BREAKWATER_<SECTION>_<KEY>.
-    #[arg(long, global = true, env = "BREAKWATER_CONFIG", value_name = "PATH")]
-    config: Option<PathBuf>,
-
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--config`, on the commands that read the config (not `lab` and
+/// `bench`, which build their own).
+#[derive(Debug, clap::Args)]
+struct ConfigPath {
+    /// Config file. Default: ./breakwater.toml if it exists, else built-in
+    /// defaults. Top-level keys of [ingress], [admin], [queue], [sink],
+    /// [workers] and [breaker] can be overridden by
+    /// BREAKWATER_<SECTION>_<KEY>; [[source]] and nested tables only in the
+    /// file.
+    #[arg(long, global = true, env = "BREAKWATER_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the service: ingress, workers and admin listener.
     Serve {
-        /// Which parts to run in this process.
+        /// Which parts to run in this process: the ingress only, the
+        /// workers only, or both.
         #[arg(long, value_enum, default_value_t = Role::All)]
         role: Role,
+        #[command(flatten)]
+        config: ConfigPath,
     },
     /// Validate the configuration.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+        #[command(flatten)]
+        config: ConfigPath,
     },
     /// Inspect the queue.
     Queue {
         #[command(subcommand)]
         command: QueueCommand,
+        #[command(flatten)]
+        config: ConfigPath,
     },
     /// Inspect and steer the breaker of a running `serve` (admin API).
     Breaker {
         #[command(subcommand)]
         command: BreakerCommand,
+        #[command(flatten)]
+        config: ConfigPath,
     },
     /// Inspect, replay or purge dead-lettered messages.
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
+        #[command(flatten)]
+        config: ConfigPath,
     },
     /// Reproduce a database fault against a real PostgreSQL, naive consumer vs Breakwater.
     Lab(breakwater_lab::outage::LabArgs),
@@ -64,10 +114,18 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
     /// Validate the config and print the effective values, secrets redacted.
+    ///
+    /// Runs every check `serve` runs short of connecting: the file, the
+    /// environment overrides, the sources' secrets and extractors, the queue
+    /// backend's keys, the sink's URL and each statement's parameters.
     Check {
         /// Print JSON instead of TOML.
         #[arg(long)]
         json: bool,
+        /// Also connect: the sink prepares every statement against the
+        /// database, and the queue is opened.
+        #[arg(long)]
+        connect: bool,
     },
 }
 
@@ -75,6 +133,7 @@ enum ConfigCommand {
 enum QueueCommand {
     /// Counts: visible, in flight, delayed, dead-lettered, oldest visible age.
     Stats {
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -84,6 +143,7 @@ enum QueueCommand {
 enum BreakerCommand {
     /// State, reason, limit, signals with values and thresholds, transitions.
     Status {
+        /// Print the admin API's JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -98,9 +158,13 @@ enum BreakerCommand {
     },
     /// End a manual override; with --force-closed, force the breaker closed.
     Reset {
+        /// Force the breaker closed (full limit) instead of handing it back
+        /// to automatic control. Default: off.
         #[arg(long)]
         force_closed: bool,
-        #[arg(long, value_parser = parse_duration)]
+        /// With --force-closed: resume automatic control after this long
+        /// (e.g. 30s, 10m, 1h). Default: until the next reset.
+        #[arg(long, value_parser = parse_duration, requires = "force_closed")]
         ttl: Option<std::time::Duration>,
     },
 }
@@ -109,16 +173,23 @@ enum BreakerCommand {
 enum DlqCommand {
     /// Dead-lettered messages, oldest first.
     List {
+        /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// One dead-lettered message with its body.
-    Show { id: String },
+    Show {
+        /// The message's id, as `dlq list` shows it.
+        id: String,
+    },
     /// Put messages back in the queue (IDs, or --all), at most --rate per second.
     Replay {
+        /// Ids of the messages to put back, as `dlq list` shows them.
         ids: Vec<String>,
+        /// Every dead-lettered message instead of named ones.
         #[arg(long, conflicts_with = "ids")]
         all: bool,
         /// Messages per second.
@@ -130,7 +201,9 @@ enum DlqCommand {
     },
     /// Delete dead-lettered messages (IDs, or --all).
     Purge {
+        /// Ids of the messages to delete, as `dlq list` shows them.
         ids: Vec<String>,
+        /// Every dead-lettered message instead of named ones.
         #[arg(long, conflicts_with = "ids")]
         all: bool,
     },
@@ -148,6 +221,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -189,8 +263,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         "warn"
     });
     match cli.command {
-        Command::Serve { role } => {
-            let config = load_config(cli.config.as_deref())?;
+        Command::Serve { role, config } => {
+            let config = load_config(config.config.as_deref())?;
             let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
                 .install_recorder()
                 .context("cannot install the metrics recorder")?;
@@ -212,40 +286,45 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Command::Config {
-            command: ConfigCommand::Check { json },
+            command: ConfigCommand::Check { json, connect },
+            config,
         } => {
-            let config = load_config(cli.config.as_deref())?;
-            breakwater::source::compile_all(&config.sources)?;
-            let shown = config.redacted();
+            let config = load_config(config.config.as_deref())?;
+            serve::check(&config)?;
+            if connect {
+                runtime()?.block_on(serve::check_connected(&config))?;
+            }
+            let shown = config.shown()?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&shown)?);
+                outln!("{}", serde_json::to_string_pretty(&shown)?);
             } else {
-                print!("{}", toml::to_string_pretty(&shown)?);
+                outp!("{}", toml::to_string_pretty(&shown)?);
                 eprintln!("config ok");
             }
             Ok(())
         }
         Command::Queue {
             command: QueueCommand::Stats { json },
+            config,
         } => {
-            let config = load_config(cli.config.as_deref())?;
+            let config = load_config(config.config.as_deref())?;
             let stats = runtime()?.block_on(async {
                 let queue = serve::open_queue(&config, OpenMode::Inspect).await?;
                 anyhow::Ok(queue.stats().await?)
             })?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&stats)?);
+                outln!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
-                print_queue_stats(&config.queue.backend, &stats);
+                print_queue_stats(&config.queue.backend, &stats)?;
             }
             Ok(())
         }
-        Command::Breaker { command } => {
-            let config = load_config(cli.config.as_deref())?;
+        Command::Breaker { command, config } => {
+            let config = load_config(config.config.as_deref())?;
             runtime()?.block_on(breaker_command(&config, command))
         }
-        Command::Dlq { command } => {
-            let config = load_config(cli.config.as_deref())?;
+        Command::Dlq { command, config } => {
+            let config = load_config(config.config.as_deref())?;
             runtime()?.block_on(dlq_command(&config, command))
         }
         Command::Bench {
@@ -256,12 +335,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .install_recorder()
                 .context("cannot install the metrics recorder")?;
             let report = breakwater_lab::bench::run_ingress_bench(&args, Some(metrics))?;
-            print!("{report}");
+            outp!("{report}");
             Ok(())
         }
         Command::Lab(args) => {
             let report = runtime()?.block_on(breakwater_lab::outage::run_lab(&args))?;
-            print!("{report}");
+            outp!("{report}");
             if let Some(path) = &args.json {
                 std::fs::write(path, serde_json::to_vec_pretty(&report)?)
                     .with_context(|| format!("cannot write {}", path.display()))?;
@@ -278,7 +357,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let report =
                 runtime()?.block_on(breakwater_lab::bench::drain::run_drain_bench(&args))?;
-            print!("{report}");
+            outp!("{report}");
             Ok(())
         }
     }
@@ -317,9 +396,9 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
         BreakerCommand::Status { json } => {
             let view: BreakerView = call(addr, token, http::Method::GET, "/breaker").await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&view)?);
+                outln!("{}", serde_json::to_string_pretty(&view)?);
             } else {
-                print_breaker(&view);
+                print_breaker(&view)?;
             }
         }
         BreakerCommand::Trip { ttl, note } => {
@@ -328,7 +407,7 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
                 q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
             }
             let answer: TransitionAnswer = call(addr, token, http::Method::POST, &q).await?;
-            println!("{}", answer.transition.as_deref().unwrap_or("tripped"));
+            outln!("{}", answer.transition.as_deref().unwrap_or("tripped"));
         }
         BreakerCommand::Reset { force_closed, ttl } => {
             let mut q = format!("/breaker/reset?force_closed={force_closed}");
@@ -337,8 +416,8 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
             }
             let answer: TransitionAnswer = call(addr, token, http::Method::POST, &q).await?;
             match answer.transition {
-                Some(t) => println!("{t}"),
-                None => println!("no manual override in force; state {}", answer.state),
+                Some(t) => outln!("{t}"),
+                None => outln!("no manual override in force; state {}", answer.state),
             }
         }
     }
@@ -356,51 +435,55 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
-fn print_queue_stats(backend: &str, stats: &QueueStats) {
+fn print_queue_stats(backend: &str, stats: &QueueStats) -> anyhow::Result<()> {
     let count = |v: Option<u64>| v.map_or_else(|| "n/a".to_owned(), |n| n.to_string());
-    println!("backend        {backend}");
-    println!("visible        {}", count(stats.visible));
-    println!("in flight      {}", count(stats.in_flight));
-    println!("delayed        {}", count(stats.delayed));
-    println!("dead-lettered  {}", count(stats.dead_lettered));
+    outln!("backend        {backend}");
+    outln!("visible        {}", count(stats.visible));
+    outln!("in flight      {}", count(stats.in_flight));
+    outln!("delayed        {}", count(stats.delayed));
+    outln!("dead-lettered  {}", count(stats.dead_lettered));
     match stats.oldest_visible_age_ms {
-        Some(ms) => println!("oldest visible {:.1} s", ms as f64 / 1000.0),
-        None => println!("oldest visible n/a"),
+        Some(ms) => outln!("oldest visible {:.1} s", ms as f64 / 1000.0),
+        None => outln!("oldest visible n/a"),
     }
-    println!("acked (total)  {}", count(stats.acked_total));
+    outln!("acked (total)  {}", count(stats.acked_total));
+    Ok(())
 }
 
-fn print_breaker(view: &BreakerView) {
+fn print_breaker(view: &BreakerView) -> anyhow::Result<()> {
     let b = match (&view.breaker, &view.location) {
         (Some(b), _) => b,
         (None, BreakerLocation::WithTheWorkers { detail }) => {
-            println!("state        (no breaker here)");
-            println!("where        {detail}");
-            return;
+            outln!("state        (no breaker here)");
+            outln!("where        {detail}");
+            return Ok(());
         }
         (None, BreakerLocation::Local) => {
-            println!("state        (unknown)");
-            return;
+            outln!("state        (unknown)");
+            return Ok(());
         }
     };
-    println!("state        {}", b.state);
-    println!("limit        {}", b.limit);
+    outln!("state        {}", b.state);
+    outln!("limit        {}", b.limit);
     if let Some(m) = &b.message {
-        println!("reason       {m}");
+        outln!("reason       {m}");
+    }
+    if let Some(w) = &b.waiting_for {
+        outln!("waiting for  {w}");
     }
     if let Some(o) = &b.manual_override {
-        println!(
+        outln!(
             "override     {}",
             serde_json::to_string(o).unwrap_or_default()
         );
     }
     if b.dry_run {
-        println!("dry run      yes (evaluates, never gates)");
+        outln!("dry run      yes (evaluates, never gates)");
     }
-    println!("signals");
+    outln!("signals");
     let shown = |v: Option<f64>| v.map_or_else(|| "null".to_owned(), |v| v.to_string());
     for s in &b.signals {
-        println!(
+        outln!(
             "  {:<18} {:<8} value {:<10} threshold {:<10} {}",
             s.signal.as_str(),
             if s.tripping {
@@ -421,11 +504,11 @@ fn print_breaker(view: &BreakerView) {
             .iter()
             .map(|p| format!("{} ({} ms, {} strikes)", p.key, p.remaining_ms, p.strikes))
             .collect();
-        println!("parked keys  {}", keys.join(", "));
+        outln!("parked keys  {}", keys.join(", "));
     }
-    println!("transitions");
+    outln!("transitions");
     for t in &b.history {
-        println!(
+        outln!(
             "  {} -> {} {} ago: {}",
             t.from,
             t.to,
@@ -433,6 +516,7 @@ fn print_breaker(view: &BreakerView) {
             t.message
         );
     }
+    Ok(())
 }
 
 fn format_ago(ms: u64) -> String {
@@ -449,25 +533,34 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
         DlqCommand::List { limit, json } => {
             let list = queue.dlq_list(&DlqPage::first(limit)).await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?);
             } else if list.is_empty() {
-                println!("the dead-letter queue is empty");
+                outln!("the dead-letter queue is empty");
             } else {
-                println!(
+                outln!(
                     "{:<8} {:<12} {:<28} {:<10} {:>8}  error",
-                    "id", "source", "event id", "class", "attempts"
+                    "id",
+                    "source",
+                    "event id",
+                    "class",
+                    "attempts"
                 );
                 for d in list {
-                    println!(
+                    outln!(
                         "{:<8} {:<12} {:<28} {:<10} {:>8}  {}",
-                        d.id, d.source, d.event_id, d.class, d.attempts, d.error
+                        d.id,
+                        d.source,
+                        d.event_id,
+                        d.class,
+                        d.attempts,
+                        d.error
                     );
                 }
             }
         }
         DlqCommand::Show { id } => {
             let d = queue.dlq_show(&id).await?;
-            println!("{}", serde_json::to_string_pretty(&d)?);
+            outln!("{}", serde_json::to_string_pretty(&d)?);
         }
         DlqCommand::Replay {
             ids,
@@ -498,12 +591,12 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
                     done.skipped
                 );
             }
-            println!("replayed {} message(s)", done.replayed);
+            outln!("replayed {} message(s)", done.replayed);
         }
         DlqCommand::Purge { ids, all } => {
             anyhow::ensure!(all || !ids.is_empty(), "name message ids, or pass --all");
             let n = queue.dlq_purge(if all { &[] } else { &ids }).await?;
-            println!("purged {n} message(s)");
+            outln!("purged {n} message(s)");
         }
     }
     Ok(())

@@ -139,6 +139,9 @@ pub struct Breaker<A: ProbeAdmission = LocalProbeAdmission> {
     lock_wait: LockWaitSignal,
     db_locks: DbLockSignal,
     manual: Option<Override>,
+    /// Held open because the dependency cannot be reached at all (the
+    /// service could not connect): why, in words.
+    unreachable: Option<String>,
     history: VecDeque<Transition>,
     rng: SmallRng,
     shared: Arc<SharedGate>,
@@ -200,6 +203,7 @@ impl<A: ProbeAdmission> Breaker<A> {
             successes: 0,
             admission,
             manual: None,
+            unreachable: None,
             rng,
             shared: Arc::new(SharedGate::new(initial)),
             published: initial,
@@ -370,6 +374,9 @@ impl<A: ProbeAdmission> Breaker<A> {
             }
             return None;
         }
+        if self.unreachable.is_some() {
+            return None;
+        }
 
         let in_state = now.saturating_duration_since(self.since);
         match self.state {
@@ -455,9 +462,14 @@ impl<A: ProbeAdmission> Breaker<A> {
     }
 
     fn end_override(&mut self, reason: Reason, now: Instant) -> Transition {
-        let to = match self.manual.take().map(|m| m.kind) {
-            Some(OverrideKind::Open) => State::HalfOpen,
-            _ => State::Closed,
+        let idle = self.queue.idle(self.ms(now));
+        let (to, reason) = match self.manual.take().map(|m| m.kind) {
+            // With nothing queued there is nothing to probe with: half-open
+            // (and the ramp after it) would only throttle the pool until
+            // traffic returned.
+            Some(OverrideKind::Open) if idle => (State::Closed, Reason::OverrideClearedIdle),
+            Some(OverrideKind::Open) => (State::HalfOpen, reason),
+            _ => (State::Closed, reason),
         };
         self.go(to, reason, now)
     }
@@ -482,6 +494,72 @@ impl<A: ProbeAdmission> Breaker<A> {
         ]
     }
 
+    /// Holds the breaker open because the dependency cannot be reached at
+    /// all (`why`: refused, unresolvable name, ...), until
+    /// [`Breaker::dependency_reachable`]. Nothing else moves it meanwhile,
+    /// and `status` says so. Returns the transition if it was not open.
+    pub fn dependency_unreachable(&mut self, why: &str, now: Instant) -> Option<Transition> {
+        self.unreachable = Some(why.to_owned());
+        (self.state != State::Open).then(|| {
+            self.go(
+                State::Open,
+                Reason::Unreachable {
+                    detail: why.to_owned(),
+                },
+                now,
+            )
+        })
+    }
+
+    /// The dependency answers again: half-open, so probes confirm it before
+    /// the ramp (a manual override in force keeps the breaker where it is).
+    pub fn dependency_reachable(&mut self, now: Instant) -> Option<Transition> {
+        self.unreachable.take()?;
+        (self.state == State::Open && self.manual.is_none())
+            .then(|| self.go(State::HalfOpen, Reason::Reachable, now))
+    }
+
+    /// What the breaker waits for in its state, for `breaker status`.
+    fn waiting_for(&self, in_state: Duration, now: Instant) -> Option<String> {
+        let secs = |d: Duration| d.as_secs_f64();
+        if let Some(why) = &self.unreachable {
+            return Some(format!("the dependency to answer ({why})"));
+        }
+        if self.manual.is_some() && self.state != State::Closed {
+            return Some("a manual reset (or the override's TTL)".to_owned());
+        }
+        match self.state {
+            State::Closed => None,
+            State::Open => Some(format!(
+                "the cool-down: {:.1} s left, then half-open probes",
+                secs(self.cool_down.saturating_sub(in_state))
+            )),
+            State::HalfOpen => {
+                let needed = self
+                    .cfg
+                    .half_open
+                    .successes_to_close
+                    .saturating_sub(self.successes);
+                let mut s = format!(
+                    "{needed} more probe success(es) ({} of {} probes out)",
+                    self.admission.outstanding(self.period),
+                    self.cfg.half_open.max_probes
+                );
+                if self.queue.idle(self.ms(now)) {
+                    s.push_str("; the queue is empty, so there is nothing to probe with yet");
+                }
+                Some(s)
+            }
+            State::Ramping => Some(format!(
+                "step {} of {} held {:.0} of {:.0} s without a dependency failure",
+                self.ramp_step + 1,
+                self.cfg.ramp.steps.len(),
+                secs(in_state),
+                secs(Duration::from_millis(self.cfg.ramp.hold_ms))
+            )),
+        }
+    }
+
     /// A full picture for the admin API and `breaker status`.
     pub fn status(&self, now: Instant) -> BreakerStatus {
         let in_state = now.saturating_duration_since(self.since);
@@ -494,6 +572,7 @@ impl<A: ProbeAdmission> Breaker<A> {
             in_state_ms: millis(in_state),
             reason: last.map(|t| t.reason.clone()),
             message: last.map(|t| t.reason.to_string()),
+            waiting_for: self.waiting_for(in_state, now),
             ramp: (self.state == State::Ramping).then(|| RampStatus {
                 step: self.ramp_step,
                 steps: self.cfg.ramp.steps.len(),
@@ -591,7 +670,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                 })
             }
             OutcomeClass::Dependency => Some(self.go(State::Open, Reason::ProbeFailed, now)),
-            OutcomeClass::Permanent => None,
+            OutcomeClass::Permanent | OutcomeClass::KeyContention => None,
         }
     }
 

@@ -165,6 +165,18 @@ pub enum Reason {
     OverrideExpired,
     /// The manual override was cleared.
     OverrideCleared,
+    /// The dependency cannot be reached at all (the service could not
+    /// connect to it): held open until it answers.
+    Unreachable {
+        /// What the connection attempt said.
+        detail: String,
+    },
+    /// The dependency answered again after being unreachable.
+    Reachable,
+    /// A forced open was cleared while the queue was empty: with nothing
+    /// to probe with, half-open would only hold the pool at the probe count
+    /// until traffic came back, so the breaker closes at once.
+    OverrideClearedIdle,
 }
 
 fn secs(ms: u64) -> f64 {
@@ -277,6 +289,14 @@ impl fmt::Display for Reason {
             Self::OverrideCleared => {
                 f.write_str("manual override cleared; automatic control resumes")
             }
+            Self::Unreachable { detail } => {
+                write!(f, "the dependency cannot be reached: {detail}")
+            }
+            Self::Reachable => f.write_str("the dependency answers again; probing"),
+            Self::OverrideClearedIdle => f.write_str(
+                "manual override ended with an empty queue: nothing to probe, closed at \
+                 once; automatic control resumes",
+            ),
         }
     }
 }

@@ -27,6 +27,10 @@ pub struct BreakerStatus {
     pub reason: Option<Reason>,
     /// `reason` as one line of text.
     pub message: Option<String>,
+    /// What the breaker waits for before it moves on, in words (`None`
+    /// when closed).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub waiting_for: Option<String>,
     /// Ramp progress, while ramping.
     pub ramp: Option<RampStatus>,
     /// Cool-down progress, while open (not forced).

@@ -212,18 +212,35 @@ pub async fn connect(
     settings: &SinkSettings,
     statements: &BTreeMap<String, Vec<StatementSpec>>,
 ) -> Result<Arc<dyn Sink>, SinkSetupError> {
+    let dialect = dialect_of(settings)?;
+    let compiled = statement::compile_all(statements, dialect)?;
+    Ok(match dialect {
+        statement::Dialect::Postgres => {
+            Arc::new(postgres::PgSink::connect(settings, compiled).await?)
+        }
+        statement::Dialect::Sqlite => Arc::new(sqlite::SqliteSink::open(settings, compiled).await?),
+    })
+}
+
+/// Every check [`connect`] makes short of connecting: the settings, the
+/// URL's scheme, and each statement compiled for that database (an
+/// undeclared `$parameter`, a bad parameter spec). `config check` runs it.
+pub fn check(
+    settings: &SinkSettings,
+    statements: &BTreeMap<String, Vec<StatementSpec>>,
+) -> Result<(), SinkSetupError> {
+    statement::compile_all(statements, dialect_of(settings)?)?;
+    Ok(())
+}
+
+/// The database `settings` name, once they are valid.
+fn dialect_of(settings: &SinkSettings) -> Result<statement::Dialect, SinkSetupError> {
     settings.validate()?;
     let url = settings.url.trim();
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let compiled = statement::compile_all(statements, statement::Dialect::Postgres)?;
-        Ok(Arc::new(
-            postgres::PgSink::connect(settings, compiled).await?,
-        ))
+        Ok(statement::Dialect::Postgres)
     } else if url.starts_with("sqlite:") {
-        let compiled = statement::compile_all(statements, statement::Dialect::Sqlite)?;
-        Ok(Arc::new(
-            sqlite::SqliteSink::open(settings, compiled).await?,
-        ))
+        Ok(statement::Dialect::Sqlite)
     } else {
         Err(SinkSetupError::UnsupportedUrl(settings::redact_url(url)))
     }

@@ -198,7 +198,7 @@ struct Job {
     event_id: String,
     source: String,
     entity_key: Option<String>,
-    payload: Option<String>,
+    payload: String,
     received_at: String,
     values: Vec<Vec<ParamValue>>,
 }
@@ -207,10 +207,12 @@ struct Job {
 impl Sink for SqliteSink {
     async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
         let Bound { json, values, .. } = bind(&self.statements, event)?;
-        let payload = json
-            .as_ref()
-            .and_then(|_| std::str::from_utf8(event.body).ok())
-            .map(str::to_owned);
+        // The body as it came when it is JSON; else as a JSON string, never
+        // as NULL.
+        let payload = match (&json, std::str::from_utf8(event.body)) {
+            (Some(_), Ok(text)) => text.to_owned(),
+            _ => crate::statement::body_as_json_string(event.body).to_string(),
+        };
         let received_at = DateTime::from_timestamp_millis(event.received_at_ms)
             .unwrap_or_default()
             .format("%Y-%m-%dT%H:%M:%S%.3fZ")

@@ -387,6 +387,13 @@ pub(crate) fn parse_body(body: &[u8]) -> Option<Value> {
     serde_json::from_slice(body).ok()
 }
 
+/// A body that is not JSON as the inbox keeps it: a JSON string of its
+/// text (invalid UTF-8 replaced), so a non-JSON payload is never stored as
+/// NULL.
+pub(crate) fn body_as_json_string(body: &[u8]) -> Value {
+    Value::String(String::from_utf8_lossy(body).into_owned())
+}
+
 /// Looks a header up case-insensitively; the first one wins.
 pub(crate) fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
     headers
@@ -416,7 +423,17 @@ fn extract(
         ParamSource::Entity => ParamValue::Text(
             event
                 .entity_key
-                .ok_or_else(|| missing(name, "the event has no entity key".into()))?
+                .ok_or_else(|| match json {
+                    // The likely cause: a JSON pointer could not read it.
+                    None => SinkError::permanent(
+                        "invalid_json",
+                        format!(
+                            "parameter ${name}: the event has no entity key, and its body is \
+                             not valid JSON (a json: entity key cannot be read from it)"
+                        ),
+                    ),
+                    Some(_) => missing(name, "the event has no entity key".into()),
+                })?
                 .to_owned(),
         ),
         ParamSource::EventId => ParamValue::Text(event.event_id.to_owned()),
@@ -652,8 +669,14 @@ mod tests {
         let mut ev = event(&[], b"{}");
         ev.entity_key = None;
         assert_eq!(
-            e.values(&ev, None).expect_err("no key").kind,
+            e.values(&ev, Some(&json!({}))).expect_err("no key").kind,
             "missing_param"
         );
+        // No key because the body is not JSON: the reason says so.
+        let mut ev = event(&[], b"not json");
+        ev.entity_key = None;
+        let err = e.values(&ev, None).expect_err("no key");
+        assert_eq!(err.kind, "invalid_json");
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
     }
 }

@@ -24,7 +24,7 @@ use breakwater_sink::{Sink, SinkSettings, SinkSetupError, StatementSpec};
 
 use crate::admin::Admin;
 use crate::config::{BackoffJitter, Config};
-use crate::ingress::Ingress;
+use crate::ingress::{ApplyStatus, Ingress};
 use crate::queue::{OpenMode, Queue};
 use crate::source;
 use crate::worker::lanes::LaneSettings;
@@ -53,7 +53,7 @@ pub enum ServeError {
     Queue(#[from] crate::queue::QueueError),
     #[error("sink")]
     Sink(#[from] breakwater_sink::SinkSetupError),
-    #[error("invalid [breaker] config: {0}")]
+    #[error("invalid [breaker] config")]
     Breaker(#[from] breakwater_control::ConfigError),
     #[error("cannot listen on {addr} ({what}): {error}")]
     Bind {
@@ -86,6 +86,29 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+    }
+}
+
+/// Every check `serve` makes before it listens, short of connecting: the
+/// sources compile (secrets resolve, extractors parse) and the sink's URL
+/// and statements are ones it can run (an undeclared `$parameter` is
+/// named). The config's own validation ran when it was loaded.
+pub fn check(config: &Config) -> Result<(), ServeError> {
+    source::compile_all(&config.sources)?;
+    breakwater_sink::check(&sink_settings(config), &statements(config))?;
+    Ok(())
+}
+
+/// [`check`], then what needs the services: the sink connects and prepares
+/// every statement against the database, and the queue opens (creating
+/// nothing).
+pub async fn check_connected(config: &Config) -> Result<(), ServeError> {
+    check(config)?;
+    breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
+    match open_queue(config, OpenMode::Inspect).await {
+        // No store yet is fine: `serve` makes one.
+        Ok(_) | Err(ServeError::Queue(crate::queue::QueueError::Missing { .. })) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -212,22 +235,51 @@ const SINK_RETRY_MAX: Duration = Duration::from_secs(30);
 /// ([`SinkSetupError::Unreachable`]) is tried again, with a warning each
 /// time, until it does; any other setup error (a bad URL or statement, a
 /// refused password) returns at once.
-async fn connect_sink(config: &Config, wait: bool) -> Result<Arc<dyn Sink>, ServeError> {
+///
+/// Meanwhile the breaker is held open with the reason, so `/breaker`,
+/// `/readyz` and the metrics say the workers are not applying; once the
+/// sink answers it goes half-open and probes confirm it.
+async fn connect_sink(
+    config: &Config,
+    wait: bool,
+    controller: &Controller,
+) -> Result<Arc<dyn Sink>, ServeError> {
     let mut delay = SINK_RETRY_FIRST;
+    let mut held = false;
     loop {
         match breakwater_sink::connect(&sink_settings(config), &statements(config)).await {
             Err(SinkSetupError::Unreachable(error)) if wait => {
+                let why = unreachable_reason(&error);
                 tracing::warn!(
-                    %error,
                     retry_in_s = delay.as_secs(),
-                    "the sink's database does not answer: the ingress keeps taking webhooks \
-                     into the queue, and the workers start once it answers"
+                    "{why}: the ingress keeps taking webhooks into the queue, and the workers \
+                     start once it answers"
                 );
+                if !held {
+                    controller.dependency_unreachable(&why);
+                    held = true;
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(SINK_RETRY_MAX);
             }
-            other => return Ok(other?),
+            Ok(sink) => {
+                if held {
+                    controller.dependency_reachable();
+                }
+                return Ok(sink);
+            }
+            Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// Why the sink cannot be reached, in the words an operator needs: a host
+/// name that does not resolve is said plainly, not as a connect error.
+fn unreachable_reason(error: &str) -> String {
+    if error.contains("lookup address") || error.contains("Name or service not known") {
+        format!("the sink's host name does not resolve (DNS): {error}")
+    } else {
+        format!("the sink's database does not answer: {error}")
     }
 }
 
@@ -264,6 +316,18 @@ pub async fn start_with(
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
 
+    let runs_workers = role != Role::Ingress;
+    let controller = if runs_workers {
+        let mut breaker_config = config.breaker.clone();
+        // One knob for the pool size: the breaker's maximum is the workers'.
+        breaker_config.max_concurrency = config.workers.max_concurrency;
+        Some(Controller::new(
+            breaker_config,
+            config.workers.max_concurrency as usize,
+        )?)
+    } else {
+        None
+    };
     let mut ingress_addr = None;
     if role != Role::Worker {
         let listener = bind("ingress", config.ingress.listen).await?;
@@ -272,8 +336,11 @@ pub async fn start_with(
             addr: config.ingress.listen,
             error,
         })?;
-        let router =
-            Ingress::new(&sources, Arc::clone(&queue), config.ingress.max_body_bytes).router();
+        let mut ingress = Ingress::new(&sources, Arc::clone(&queue), config.ingress.max_body_bytes);
+        if let Some(controller) = &controller {
+            ingress = ingress.with_apply_status(Arc::clone(controller) as Arc<dyn ApplyStatus>);
+        }
+        let router = ingress.router();
         tasks.push(spawn_server(listener, router, stop_rx.clone()));
         tracing::info!(%addr, sources = sources.len(), "ingress listening: POST /webhooks/{{source}}");
         if sources.is_empty() {
@@ -293,18 +360,6 @@ pub async fn start_with(
             error,
         })?;
 
-    let runs_workers = role != Role::Ingress;
-    let controller = if runs_workers {
-        let mut breaker_config = config.breaker.clone();
-        // One knob for the pool size: the breaker's maximum is the workers'.
-        breaker_config.max_concurrency = config.workers.max_concurrency;
-        Some(Controller::new(
-            breaker_config,
-            config.workers.max_concurrency as usize,
-        )?)
-    } else {
-        None
-    };
     let parked = runs_workers.then(ParkedKeys::default);
 
     if let Some(metrics) = &metrics {
@@ -328,7 +383,7 @@ pub async fn start_with(
     if let (Some(parked), Some(controller)) = (parked, &controller) {
         // With the ingress in this process, a database that does not answer
         // must not keep it from taking webhooks: they wait in the queue.
-        let mut sink = connect_sink(config, role == Role::All).await?;
+        let mut sink = connect_sink(config, role == Role::All, controller).await?;
         if let Some(layer) = hooks.sink_layer {
             sink = layer(sink);
         }

@@ -720,6 +720,35 @@ fn clear_override_resumes_at_once() {
 }
 
 #[test]
+fn clearing_a_forced_open_with_an_empty_queue_closes_at_once() {
+    let mut h = H::new(cfg());
+    h.b.force_open("maintenance", None, h.now);
+    // Nothing queued, nothing in flight: there is nothing to probe with.
+    h.b.observe_queue(QueueSample::default(), h.now);
+    let t = h.b.clear_override(h.now).expect("cleared");
+    assert_eq!(
+        (t.to, t.reason),
+        (State::Closed, Reason::OverrideClearedIdle)
+    );
+    assert_eq!(h.b.status(h.now).waiting_for, None);
+
+    // With a backlog it probes first, and says what it waits for.
+    let mut h = H::new(cfg());
+    h.b.force_open("maintenance", None, h.now);
+    h.b.observe_queue(
+        QueueSample {
+            visible: 40,
+            ..QueueSample::default()
+        },
+        h.now,
+    );
+    let t = h.b.clear_override(h.now).expect("cleared");
+    assert_eq!(t.to, State::HalfOpen);
+    let waiting = h.b.status(h.now).waiting_for.expect("waiting");
+    assert!(waiting.contains("probe success"), "{waiting}");
+}
+
+#[test]
 fn dry_run_reports_but_never_gates() {
     let mut c = cfg();
     c.dry_run = true;

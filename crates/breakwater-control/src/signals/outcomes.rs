@@ -33,6 +33,12 @@ pub enum OutcomeClass {
     /// The message itself is bad (constraint violation, bad JSON): it goes to
     /// the DLQ and never counts toward the breaker.
     Permanent,
+    /// The dependency refused this one entity key (a row lock), and the
+    /// hot-key lanes set the key aside: the key's trouble, not the
+    /// dependency's health, so neither a call nor a failure for the ratios
+    /// (and no evidence either way for a probe). Global lock trouble still
+    /// shows in the lock-wait and lock-waiter signals.
+    KeyContention,
 }
 
 /// One finished call.
@@ -75,6 +81,7 @@ struct Calls {
     calls: u64,
     failures: u64,
     permanent: u64,
+    contended: u64,
 }
 
 impl Bucket for Calls {
@@ -82,6 +89,7 @@ impl Bucket for Calls {
         self.calls = self.calls.saturating_add(o.calls);
         self.failures = self.failures.saturating_add(o.failures);
         self.permanent = self.permanent.saturating_add(o.permanent);
+        self.contended = self.contended.saturating_add(o.contended);
     }
 }
 
@@ -135,6 +143,7 @@ impl OutcomeSignals {
     pub(crate) fn record(&mut self, o: Outcome, now_ms: u64) {
         match o.class {
             OutcomeClass::Permanent => self.failures.record(now_ms, |b| b.permanent += 1),
+            OutcomeClass::KeyContention => self.failures.record(now_ms, |b| b.contended += 1),
             class => {
                 let failed = u64::from(class == OutcomeClass::Dependency);
                 self.failures.record(now_ms, |b| {
@@ -180,8 +189,9 @@ impl OutcomeSignals {
             value: judged.then_some(ratio),
             threshold: c.threshold,
             detail: format!(
-                "{} dependency failures / {} calls over {} s (min {}); {} permanent apart",
-                b.failures, b.calls, c.window_secs, min_calls, b.permanent
+                "{} dependency failures / {} calls over {} s (min {}); {} permanent and {} \
+                 contended keys apart",
+                b.failures, b.calls, c.window_secs, min_calls, b.permanent, b.contended
             ),
             trip,
         }
@@ -293,6 +303,27 @@ mod tests {
         }
         assert!(s.failure_ratio(0, Evidence::MinCalls).trip.is_some());
         assert!(s.failure_ratio(61_000, Evidence::MinCalls).trip.is_none());
+    }
+
+    #[test]
+    fn contended_keys_are_neither_calls_nor_failures() {
+        let mut s = sig();
+        for _ in 0..20 {
+            s.record(Outcome::success(FAST), 0);
+        }
+        for _ in 0..100 {
+            s.record(
+                Outcome {
+                    class: OutcomeClass::KeyContention,
+                    latency: Duration::from_secs(1),
+                },
+                0,
+            );
+        }
+        let r = s.failure_ratio(0, Evidence::AnyCall);
+        assert_eq!(r.value, Some(0.0), "{r:?}");
+        assert!(r.trip.is_none());
+        assert!(s.slow_calls(0).trip.is_none());
     }
 
     #[test]

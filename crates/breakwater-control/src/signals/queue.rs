@@ -107,6 +107,16 @@ impl QueueSignals {
     }
 
     /// Forgets dead letters seen so far (entering half-open and the ramp).
+    /// Whether the latest sample, no older than its TTL, showed nothing
+    /// visible and nothing in flight: no work to probe with.
+    pub(crate) fn idle(&self, now_ms: u64) -> bool {
+        self.last.is_some_and(|(s, at)| {
+            now_ms.saturating_sub(at) <= self.cfg.sample_ttl_ms
+                && s.visible == 0
+                && s.in_flight == 0
+        })
+    }
+
     pub(crate) fn clear_dlq(&mut self) {
         self.dlq.clear();
     }

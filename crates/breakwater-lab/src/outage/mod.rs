@@ -102,7 +102,8 @@ pub struct LabArgs {
     /// Webhooks per second.
     #[arg(long, default_value_t = 200.0)]
     pub rate: f64,
-    /// Seconds into the load when the fault starts.
+    /// Seconds into the load when the fault starts (the fault must end
+    /// within --duration).
     #[arg(long, default_value_t = 10)]
     pub fault_at: u64,
     /// Seconds the fault lasts.
@@ -143,17 +144,53 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
 /// Runs the scenario in the chosen modes.
 pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
+    args.check()?;
     let modes: &[Mode] = match args.mode {
         ModeChoice::Naive => &[Mode::Naive],
         ModeChoice::Breakwater => &[Mode::Breakwater],
         ModeChoice::Both => &[Mode::Naive, Mode::Breakwater],
     };
     let mut report = LabReport::new(args);
+    let mut outcome = Ok(());
     for mode in modes {
-        let r = run_mode(args, *mode).await?;
-        report.modes.insert(mode.as_str().to_owned(), r);
+        match run_mode(args, *mode).await {
+            Ok(r) => {
+                report.modes.insert(mode.as_str().to_owned(), r);
+            }
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
     }
-    Ok(report)
+    // Each mode removes its own queue; the folder goes too if nothing else
+    // is in it (fails harmlessly otherwise).
+    let _ = std::fs::remove_dir(&args.data_dir);
+    outcome.map(|()| report)
+}
+
+impl LabArgs {
+    /// Refuses a run that would test nothing: a fault that does not start
+    /// and end inside the load.
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.duration > 0, "--duration must be at least 1 second");
+        anyhow::ensure!(
+            self.fault_at + self.fault_secs <= self.duration && self.fault_secs > 0,
+            "the fault (--fault-at {} --fault-secs {}) must start and end inside the load \
+             (--duration {}): for a {} s run, try --fault-at {} --fault-secs {}",
+            self.fault_at,
+            self.fault_secs,
+            self.duration,
+            self.duration,
+            self.duration / 6,
+            (self.duration / 2).max(1),
+        );
+        anyhow::ensure!(
+            self.rate.is_finite() && self.rate > 0.0,
+            "--rate must be a positive number of webhooks per second"
+        );
+        Ok(())
+    }
 }
 
 /// Where the database is, parsed from `--database-url`.
@@ -550,5 +587,48 @@ impl FaultState {
         }
         proxy.set(Fault::None);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::LabArgs;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        lab: LabArgs,
+    }
+
+    fn args(line: &[&str]) -> LabArgs {
+        let mut argv = vec!["lab"];
+        argv.extend_from_slice(line);
+        Cli::try_parse_from(argv).expect("arguments").lab
+    }
+
+    #[test]
+    fn a_fault_outside_the_load_is_refused_with_values_that_fit() {
+        let err = args(&["hot-row", "--duration", "10"])
+            .check()
+            .expect_err("the default fault starts at 10 s")
+            .to_string();
+        assert!(err.contains("must start and end inside the load"), "{err}");
+        assert!(err.contains("--fault-at 1 --fault-secs 5"), "{err}");
+        assert!(
+            args(&[
+                "hot-row",
+                "--duration",
+                "10",
+                "--fault-at",
+                "2",
+                "--fault-secs",
+                "5"
+            ])
+            .check()
+            .is_ok()
+        );
+        assert!(args(&["db-down"]).check().is_ok(), "the defaults fit");
     }
 }

@@ -35,8 +35,12 @@ use crate::settings::{SinkSettings, millis};
 use crate::statement::{Bound, Compiled, CompiledStatement, ParamValue, bind};
 use crate::{Applied, Event, FailureClass, LockSnapshot, Sink, SinkError, SinkSetupError};
 
+/// Run at every start. `client_min_messages` keeps the server's NOTICE
+/// that the table already exists (every start but the first) out of the
+/// log.
 const MIGRATION: &str = "\
 BEGIN;
+SET LOCAL client_min_messages = warning;
 SELECT pg_advisory_xact_lock(7306115632147616117);
 CREATE TABLE IF NOT EXISTS breakwater_inbox (
     event_id    text NOT NULL,
@@ -347,9 +351,18 @@ impl Sink for PgSink {
             .checked_mul(rounds)
             .unwrap_or(Duration::from_secs(3600))
             .saturating_add(Duration::from_secs(1));
+        // A body that is not JSON is kept as a JSON string, never as NULL.
+        let raw;
+        let payload = match json.as_ref() {
+            Some(doc) => doc,
+            None => {
+                raw = crate::statement::body_as_json_string(event.body);
+                &raw
+            }
+        };
         let outcome = tokio::time::timeout(
             deadline,
-            self.transaction(client, event, json.as_ref(), statements, &values),
+            self.transaction(client, event, Some(payload), statements, &values),
         )
         .await;
         match outcome {

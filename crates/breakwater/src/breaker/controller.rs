@@ -286,6 +286,23 @@ impl Controller {
         self.breaker().status(Instant::now())
     }
 
+    /// The sink cannot be reached at all (`why`): the breaker is held open
+    /// with that reason until [`Controller::dependency_reachable`].
+    pub fn dependency_unreachable(&self, why: &str) {
+        let t = self.breaker().dependency_unreachable(why, Instant::now());
+        if let Some(t) = t {
+            self.announce(&t);
+        }
+    }
+
+    /// The sink answers: half-open, probes confirm it.
+    pub fn dependency_reachable(&self) {
+        let t = self.breaker().dependency_reachable(Instant::now());
+        if let Some(t) = t {
+            self.announce(&t);
+        }
+    }
+
     /// Forces the breaker open (manual trip), for `ttl` or until reset.
     pub fn trip(&self, note: &str, ttl: Option<Duration>) -> Transition {
         let t = self.breaker().force_open(note, ttl, Instant::now());
@@ -486,6 +503,20 @@ impl Controller {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot.waiting);
         }
+    }
+}
+
+impl crate::ingress::ApplyStatus for Controller {
+    fn not_applying(&self) -> Option<String> {
+        let gate = self.gate();
+        (!gate.may_poll).then(|| {
+            let status = self.status();
+            let why = status
+                .waiting_for
+                .or(status.message)
+                .unwrap_or_else(|| "the breaker is open".to_owned());
+            format!("not applying: the breaker is {}: {why}", status.state)
+        })
     }
 }
 

@@ -39,7 +39,8 @@ pub use crate::source::config::{
 /// Why a configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    // The cause is the source, printed after this by `{:#}`.
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -266,6 +267,17 @@ impl Config {
         }
         config.validate().map_err(|e| e.located(text))?;
         Ok(config)
+    }
+
+    /// What `config check` prints: [`Config::redacted`] as a table, without
+    /// `breaker.max_concurrency` (refused in the file: the breaker's
+    /// maximum is `workers.max_concurrency`).
+    pub fn shown(&self) -> Result<toml::Table, toml::ser::Error> {
+        let mut table = toml::Table::try_from(self.redacted())?;
+        if let Some(toml::Value::Table(breaker)) = table.get_mut("breaker") {
+            breaker.remove("max_concurrency");
+        }
+        Ok(table)
     }
 
     /// The configuration with every secret replaced by `"<redacted>"`.

@@ -194,7 +194,12 @@ pub(super) fn table_header(line: &str) -> Option<TableHeader<'_>> {
 /// messages quote keys ("unknown field"), which stay.
 pub(super) fn hide_values(message: &str) -> String {
     if message.starts_with("invalid") || message.starts_with("unknown variant") {
-        hide_quoted(message)
+        // What serde expected (the valid choices, a type) is never secret:
+        // only the part before it quotes the value.
+        match message.split_once(", expected") {
+            Some((value, expected)) => format!("{}, expected{expected}", hide_quoted(value)),
+            None => hide_quoted(message),
+        }
     } else {
         message.to_owned()
     }

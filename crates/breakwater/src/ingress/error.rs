@@ -29,6 +29,8 @@ pub enum IngressError {
     TooLarge { limit: usize },
     #[error("cannot read the request body: {0}")]
     BadBody(String),
+    #[error("the body is not valid JSON, and this source takes only JSON: {0}")]
+    BadJson(String),
     #[error("the queue cannot take the webhook now: {0}")]
     Unavailable(String),
 }
@@ -41,7 +43,7 @@ impl IngressError {
             Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthorized(_) | Self::Stale(_) => StatusCode::UNAUTHORIZED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BadBody(_) => StatusCode::BAD_REQUEST,
+            Self::BadBody(_) | Self::BadJson(_) => StatusCode::BAD_REQUEST,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -56,6 +58,7 @@ impl IngressError {
             Self::Stale(_) => "stale",
             Self::TooLarge { .. } => "too_large",
             Self::BadBody(_) => "bad_body",
+            Self::BadJson(_) => "bad_json",
             Self::Unavailable(_) => "unavailable",
         }
     }

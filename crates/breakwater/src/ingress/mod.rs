@@ -8,9 +8,12 @@
 //! 2. read the body within `max_body_bytes` (413 `too_large`);
 //! 3. verify the signature with the source's scheme and secrets
 //!    (401 `unauthorized`, or 401 `stale` outside the replay window);
-//! 4. extract the event id and entity key (never refuses: a missing id
+//! 4. refuse a body that is not JSON when the source takes only JSON (400
+//!    `bad_json`: the default for every scheme but generic HMAC, whose
+//!    sources choose with `body = "json" | "any"`);
+//! 5. extract the event id and entity key (never refuses: a missing id
 //!    falls back to a hash of the body);
-//! 5. enqueue and wait until the queue says it is durable: 202 `accepted`,
+//! 6. enqueue and wait until the queue says it is durable: 202 `accepted`,
 //!    or 200 `duplicate` for an event id already queued or applied; if the
 //!    queue cannot take it, 503 `unavailable` with `Retry-After`.
 //!
@@ -51,6 +54,31 @@ pub struct Ingress {
     routes: HashMap<String, Route>,
     queue: Arc<dyn Queue>,
     max_body_bytes: usize,
+    /// Whether the workers beside this ingress apply what it accepts (a
+    /// process that runs them); `/readyz` reports it.
+    applying: Option<Arc<dyn ApplyStatus>>,
+}
+
+/// Whether the workers of this process are applying webhooks, for
+/// `/readyz`: `None` when they are, else why not (the breaker is open, the
+/// sink cannot be reached).
+pub trait ApplyStatus: Send + Sync {
+    fn not_applying(&self) -> Option<String>;
+}
+
+/// `GET /readyz`'s body.
+#[derive(Debug, Serialize)]
+struct Readiness {
+    /// `ready` while webhooks are accepted (status 200), else
+    /// `unavailable` (503).
+    status: &'static str,
+    /// The queue takes webhooks.
+    accepting: bool,
+    /// The workers of this process apply them; `null` where this process
+    /// runs no workers (`serve --role ingress`).
+    applying: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
 }
 
 impl Ingress {
@@ -75,7 +103,14 @@ impl Ingress {
             routes,
             queue,
             max_body_bytes,
+            applying: None,
         }
+    }
+
+    /// Reports in `/readyz` whether the workers beside it apply.
+    pub fn with_apply_status(mut self, status: Arc<dyn ApplyStatus>) -> Self {
+        self.applying = Some(status);
+        self
     }
 
     /// The ingress router.
@@ -177,6 +212,13 @@ async fn accept(
                 IngressError::Unauthorized(e.to_string())
             }
         })?;
+    // After the signature: an unsigned caller learns nothing from it.
+    // Syntax only: nothing is built.
+    if source.requires_json
+        && let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+    {
+        return Err(IngressError::BadJson(e.to_string()));
+    }
     let identity = source.identify(headers, &body);
     let message = NewMessage {
         source: source.name.to_string(),
@@ -222,10 +264,34 @@ async fn accept(
     Ok((status, Json(body)).into_response())
 }
 
+/// `GET /readyz`: 200 while the queue takes webhooks (what a load
+/// balancer needs: a webhook sent here is kept), 503 when it cannot. The
+/// body tells "accepting, not applying" (the database is down or the
+/// breaker open: webhooks wait in the queue) apart from healthy.
 async fn ready(State(ingress): State<Arc<Ingress>>) -> Response {
+    let not_applying = ingress.applying.as_ref().map(|a| a.not_applying());
+    let applying = not_applying.as_ref().map(Option::is_none);
     match ingress.queue.ready().await {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("queue: {e}\n")).into_response(),
+        Ok(()) => (
+            StatusCode::OK,
+            Json(Readiness {
+                status: "ready",
+                accepting: true,
+                applying,
+                detail: not_applying.flatten(),
+            }),
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Readiness {
+                status: "unavailable",
+                accepting: false,
+                applying,
+                detail: Some(format!("queue: {e}")),
+            }),
+        )
+            .into_response(),
     }
 }
 

@@ -37,6 +37,19 @@ pub enum HmacEncoding {
     Base64,
 }
 
+/// What a source's bodies must be (`body`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BodyFormat {
+    /// A body that is not JSON is refused with 400 `bad_json`, nothing
+    /// enqueued (the default of stripe, shopify, github and standard, whose
+    /// issuers always send JSON).
+    Json,
+    /// Any body is accepted (the default of hmac); statements that read it
+    /// as JSON dead-letter a message whose body is not, saying so.
+    Any,
+}
+
 /// `[[source]]`: one issuer of webhooks, reachable at `POST /webhooks/{name}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,6 +84,9 @@ pub struct SourceConfig {
     /// `json:/pointer` or `header:Name`; absent: no entity key (no lane).
     #[serde(default)]
     pub entity_key: Option<String>,
+    /// `json` or `any`; absent: `json`, except `any` for the hmac scheme.
+    #[serde(default)]
+    pub body: Option<BodyFormat>,
     /// Statements run in the inbox transaction, only for a new event id.
     #[serde(default, rename = "statement")]
     pub statements: Vec<StatementConfig>,
@@ -93,6 +109,7 @@ impl SourceConfig {
             prefix: None,
             event_id: None,
             entity_key: None,
+            body: None,
             statements: Vec::new(),
         }
     }

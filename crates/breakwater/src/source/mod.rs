@@ -20,7 +20,9 @@ use sha2::{Digest, Sha256};
 
 pub use self::pointer::Pointer;
 
-use self::config::{HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig};
+use self::config::{
+    BodyFormat, HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig,
+};
 
 /// Headers kept with a message besides those the source's extractors name.
 const KEPT_HEADERS: &[&str] = &[
@@ -103,6 +105,8 @@ pub struct Source {
     pub statements: Vec<StatementConfig>,
     /// Headers stored with each message (lower-case).
     pub kept_headers: Vec<HeaderName>,
+    /// Refuse a body that is not JSON (400 `bad_json`).
+    pub requires_json: bool,
 }
 
 /// What the ingress extracts from a verified request.
@@ -185,6 +189,7 @@ impl Source {
             entity_key,
             statements: config.statements.clone(),
             kept_headers,
+            requires_json: body_format(config) == BodyFormat::Json,
         })
     }
 
@@ -277,6 +282,15 @@ pub fn compile_all(configs: &[SourceConfig]) -> Result<Sources, SourceError> {
             Source::compile(c, |v| std::env::var(v).ok()).map(|s| (c.name.clone(), Arc::new(s)))
         })
         .collect()
+}
+
+/// What `config`'s bodies must be: as set, else JSON for every scheme whose
+/// issuers always send JSON, anything for generic HMAC.
+pub fn body_format(config: &SourceConfig) -> BodyFormat {
+    config.body.unwrap_or(match config.scheme {
+        SchemeName::Hmac => BodyFormat::Any,
+        _ => BodyFormat::Json,
+    })
 }
 
 /// Checks every extractor spec of `source` (`event_id`, `entity_key`, each

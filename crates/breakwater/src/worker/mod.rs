@@ -83,6 +83,9 @@ pub struct WorkerSettings {
 struct Job {
     delivery: Delivery,
     probe: Option<Probe>,
+    /// Whether a lane takes this message's key aside on a lock failure
+    /// (it has a key, and lanes are on).
+    laned: bool,
 }
 
 impl Job {
@@ -158,6 +161,8 @@ async fn apply_once(
     let class = match &result {
         Ok(_) => OutcomeClass::Success,
         Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
+        // The lane parks the key: its row's trouble, not the database's.
+        Err(e) if e.is_lock_related() && job.laned => OutcomeClass::KeyContention,
         Err(_) => OutcomeClass::Dependency,
     };
     controller.record(Outcome { class, latency }, job.probe);
@@ -341,10 +346,13 @@ impl Dispatcher {
             }
         }
         let key = delivery.message.entity_key.clone();
-        match self
-            .lanes
-            .admit(key.as_deref(), Job { delivery, probe }, now)
-        {
+        let laned = key.is_some() && self.settings.lanes.per_key > 0;
+        let job = Job {
+            delivery,
+            probe,
+            laned,
+        };
+        match self.lanes.admit(key.as_deref(), job, now) {
             Admit::Run(job) => self.spawn_apply(job),
             Admit::Held => {}
             Admit::Release(job, delay) => {
