@@ -33,7 +33,7 @@ mod settings;
 mod sqlite;
 mod statement;
 
-pub use settings::{SinkSettings, redact_url};
+pub use settings::{LockWaitersScope, SinkSettings, redact_url};
 
 /// One webhook to apply.
 #[derive(Debug, Clone, Copy)]

@@ -27,6 +27,22 @@ pub struct SinkSettings {
     pub pool_max: usize,
     /// Longest wait for a pooled connection (and to open one).
     pub acquire_timeout: Duration,
+    /// Which lock waiters [`crate::Sink::lock_snapshot`] counts.
+    pub lock_waiters_scope: LockWaitersScope,
+}
+
+/// Which sessions waiting on a lock the PostgreSQL sink reports to the
+/// breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockWaitersScope {
+    /// Those that concern Breakwater: its own sessions (by
+    /// `application_name`), sessions its sessions block, and sessions
+    /// waiting on a relation its sessions hold or wait for a lock on. Another
+    /// application's lock waits elsewhere in the database do not count.
+    #[default]
+    Breakwater,
+    /// Every session of the database waiting on a lock.
+    Database,
 }
 
 impl SinkSettings {
@@ -39,6 +55,7 @@ impl SinkSettings {
             idle_in_transaction_timeout: Duration::from_secs(10),
             pool_max: 20,
             acquire_timeout: Duration::from_secs(2),
+            lock_waiters_scope: LockWaitersScope::default(),
         }
     }
 
@@ -86,6 +103,7 @@ impl fmt::Debug for SinkSettings {
             )
             .field("pool_max", &self.pool_max)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("lock_waiters_scope", &self.lock_waiters_scope)
             .finish()
     }
 }

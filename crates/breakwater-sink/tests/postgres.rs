@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use breakwater_sink::{
-    Applied, Event, FailureClass, Sink, SinkSettings, SinkSetupError, StatementSpec, connect,
+    Applied, Event, FailureClass, LockWaitersScope, Sink, SinkSettings, SinkSetupError,
+    StatementSpec, connect,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio_postgres::{Client, NoTls};
@@ -467,6 +468,55 @@ async fn lock_snapshot_sees_the_waiter_and_survives_a_full_pool() {
         sink.apply(&ev).await.expect("pool free again"),
         Applied::New
     );
+}
+
+/// Another application waiting on its own lock, in a table Breakwater never
+/// touches, is not Breakwater's trouble: the default scope leaves it out,
+/// the whole-database scope counts it.
+#[tokio::test]
+async fn another_applications_lock_waits_count_only_in_the_database_scope() {
+    let db = TestDb::new().await;
+    let settings = db.settings();
+    let (ours, c) = setup(&db, &settings).await;
+    let whole = connect(
+        &SinkSettings {
+            lock_waiters_scope: LockWaitersScope::Database,
+            ..db.settings()
+        },
+        &statements(),
+    )
+    .await
+    .expect("connect");
+    c.batch_execute(
+        "CREATE TABLE other_app (id int PRIMARY KEY); INSERT INTO other_app VALUES (1)",
+    )
+    .await
+    .expect("other table");
+    let holder = db.client().await;
+    holder
+        .batch_execute("BEGIN; SELECT * FROM other_app WHERE id = 1 FOR UPDATE")
+        .await
+        .expect("lock");
+    let waiter = db.client().await;
+    let blocked = tokio::spawn(async move {
+        waiter
+            .batch_execute("UPDATE other_app SET id = 1 WHERE id = 1")
+            .await
+    });
+    let mut seen = None;
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let s = whole.lock_snapshot().await.expect("snapshot");
+        if s.waiting == 1 {
+            seen = Some(s);
+            break;
+        }
+    }
+    assert!(seen.is_some(), "the whole-database scope sees the waiter");
+    let s = ours.lock_snapshot().await.expect("snapshot");
+    assert_eq!(s.waiting, 0, "another application's wait counted: {s:?}");
+    holder.batch_execute("ROLLBACK").await.expect("release");
+    blocked.await.expect("join").expect("the waiter's update");
 }
 
 #[tokio::test]

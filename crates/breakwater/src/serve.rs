@@ -20,10 +20,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use breakwater_control::{BackoffPolicy, Jitter};
-use breakwater_sink::{Sink, SinkSettings, SinkSetupError, StatementSpec};
+use breakwater_sink::{LockWaitersScope, Sink, SinkSettings, SinkSetupError, StatementSpec};
 
 use crate::admin::Admin;
-use crate::config::{BackoffJitter, Config};
+use crate::config::{BackoffJitter, Config, LockWaitersScopeName};
 use crate::ingress::{ApplyStatus, Ingress};
 use crate::queue::{OpenMode, Queue};
 use crate::source;
@@ -180,6 +180,10 @@ pub fn sink_settings(config: &Config) -> SinkSettings {
         idle_in_transaction_timeout: Duration::from_millis(s.idle_in_transaction_timeout_ms),
         pool_max: s.pool_max,
         acquire_timeout: Duration::from_millis(s.acquire_timeout_ms),
+        lock_waiters_scope: match s.lock_waiters_scope {
+            LockWaitersScopeName::Breakwater => LockWaitersScope::Breakwater,
+            LockWaitersScopeName::Database => LockWaitersScope::Database,
+        },
     }
 }
 
@@ -250,15 +254,17 @@ async fn connect_sink(
         match breakwater_sink::connect(&sink_settings(config), &statements(config)).await {
             Err(SinkSetupError::Unreachable(error)) if wait => {
                 let why = unreachable_reason(&error);
+                // Held before it is said, so whoever reads the log finds
+                // the breaker already saying it too.
+                if !held {
+                    controller.dependency_unreachable(&why);
+                    held = true;
+                }
                 tracing::warn!(
                     retry_in_s = delay.as_secs(),
                     "{why}: the ingress keeps taking webhooks into the queue, and the workers \
                      start once it answers"
                 );
-                if !held {
-                    controller.dependency_unreachable(&why);
-                    held = true;
-                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(SINK_RETRY_MAX);
             }

@@ -151,3 +151,92 @@ fn bench_ingress_runs_every_phase_without_errors() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).expect("data dir").collect();
     assert!(left.is_empty(), "the bench left {left:?} behind");
 }
+
+/// `config check` runs every check `serve` runs short of connecting.
+#[test]
+fn config_check_catches_what_serve_would_refuse() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        (
+            "[sink]\nurl = \"postgres://u@127.0.0.1:1/db\"\n[[source]]\nname = \"s\"\nscheme = \"github\"\nsecrets = [\"x\"]\n[[source.statement]]\nsql = \"UPDATE t SET a = $statsu\"\nparams = { status = \"json:/a\" }\n",
+            "statsu",
+        ),
+        (
+            "[sink]\nurl = \"mysql://u@127.0.0.1/db\"\n",
+            "unsupported sink URL",
+        ),
+    ];
+    for (i, (text, expected)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&path, text).expect("write");
+        let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "passed: {text}");
+        assert!(err.contains(expected), "{err}");
+        assert_eq!(err.matches("error:").count(), 1, "{err}");
+    }
+}
+
+/// An unknown variant names the valid choices (never secret) and hides
+/// only the value given.
+#[test]
+fn an_unknown_choice_lists_the_valid_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[workers]\nbackoff_jitter = \"fulll\"\n").expect("write");
+    let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("`full`, `equal`"), "{err}");
+    assert!(!err.contains("fulll"), "the value is shown: {err}");
+}
+
+/// Output into a pipe whose reader went away (`| head -2`) ends the command
+/// quietly, without a panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    use std::process::Stdio;
+    let sandbox = Sandbox::new("");
+    let mut child = std::process::Command::new(binary())
+        .args(["config", "check", "--config"])
+        .arg(sandbox.config_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Close the read end before it writes.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+}
+
+/// `lab` and `bench` build their own config: `--config` is refused there
+/// instead of silently ignored; every option of `dlq` says what it does.
+#[test]
+fn config_is_taken_only_where_it_is_read_and_options_are_described() {
+    let out = breakwater(&["lab", "hot-row", "--config", "x.toml"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--config"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for args in [
+        &["dlq", "list", "--help"][..],
+        &["dlq", "replay", "--help"][..],
+        &["breaker", "reset", "--help"][..],
+        &["queue", "stats", "--help"][..],
+    ] {
+        let out = breakwater(args);
+        let help = String::from_utf8_lossy(&out.stdout);
+        for line in help.lines().filter(|l| l.trim_start().starts_with("--")) {
+            let described = line.trim_start().split_once("  ").is_some();
+            assert!(
+                described || line.contains("--help") || line.contains("--version"),
+                "{args:?}: an option without a description: {line}"
+            );
+        }
+    }
+}

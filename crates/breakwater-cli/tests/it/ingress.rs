@@ -233,6 +233,66 @@ async fn ingress_takes_webhooks_while_the_sink_does_not_answer() {
     })
     .any(|line| line.contains("does not answer"));
     assert!(warned, "no warning that the sink does not answer");
+
+    // Accepting is right, and it is not the same as healthy: the breaker is
+    // held open with the reason, and /readyz says nothing is applied.
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "open", "{view}");
+    let why = view["breaker"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("does not answer"), "{view}");
+    let ready = http.get(&server.url("/readyz")).await;
+    assert_eq!(ready.status, StatusCode::OK, "still accepting");
+    let ready = ready.json();
+    assert_eq!(ready["accepting"], true, "{ready}");
+    assert_eq!(ready["applying"], false, "{ready}");
+    assert!(
+        ready["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("does not answer")),
+        "{ready}"
+    );
+}
+
+/// A sink host name that does not resolve is said as such, not as a
+/// generic connection error.
+#[tokio::test]
+async fn an_unresolvable_sink_host_is_said_plainly() {
+    let sandbox =
+        Sandbox::new("[sink]\nurl = \"postgres://breakwater@no-such-host.invalid/nowhere\"\n");
+    let server = sandbox.start_listening();
+    let http = Http::default();
+    let said = std::iter::from_fn(|| {
+        server
+            .log
+            .recv_timeout(std::time::Duration::from_secs(15))
+            .ok()
+    })
+    .any(|line| line.contains("does not resolve"));
+    assert!(said, "no plain word that the host name does not resolve");
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    let why = view["breaker"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("does not resolve"), "{view}");
+}
+
+/// A correctly signed body that is not JSON, to a source whose issuer
+/// always sends JSON: 400 `bad_json`, nothing enqueued.
+#[tokio::test]
+async fn a_signed_body_that_is_not_json_is_refused() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start_ingress();
+    let http = Http::default();
+    let refused = post_stripe(&http, &server, b"{\"id\": \"evt_x\", oops".to_vec()).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        refused.body
+    );
+    assert_eq!(refused.json()["error"], "bad_json");
+    assert_eq!(visible(&http, &server).await, 0);
+    // A valid one still goes through.
+    let a = post_stripe(&http, &server, stripe_event("evt_json", "1")).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED);
 }
 
 /// An ingress-only process runs no breaker (its ingress never waits on

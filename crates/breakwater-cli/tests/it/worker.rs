@@ -57,6 +57,36 @@ async fn orders_server(extra: &str) -> (ScratchDb, Sandbox, Server, Http) {
     (db, sandbox, server, Http::default())
 }
 
+/// A start against an inbox that already exists says nothing of it (the
+/// server's NOTICE "relation already exists, skipping" stays out of the
+/// log).
+#[tokio::test]
+async fn a_start_against_an_existing_inbox_logs_no_notice() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    db.client
+        .batch_execute(
+            "CREATE TABLE breakwater_inbox (event_id text NOT NULL, source text NOT NULL,
+             entity_key text, payload jsonb, received_at timestamptz NOT NULL,
+             applied_at timestamptz, PRIMARY KEY (source, event_id))",
+        )
+        .await
+        .expect("inbox");
+    let sandbox = Sandbox::new(&sink_config(&db, ""));
+    let server = sandbox.start();
+    assert!(
+        server.startup.iter().any(|l| l.contains("sink ready")),
+        "{:?}",
+        server.startup
+    );
+    let notices: Vec<&String> = server
+        .startup
+        .iter()
+        .filter(|l| l.contains("already exists"))
+        .collect();
+    assert!(notices.is_empty(), "{notices:?}");
+}
+
 /// Sends a Stripe event for `order` and expects 202.
 async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: &str) {
     let body = serde_json::to_vec(&serde_json::json!({

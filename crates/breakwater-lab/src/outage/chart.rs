@@ -1,5 +1,7 @@
 //! `breakwater lab --png FILE`: the lab's time series as one page of
-//! charts, one column per mode, the fault window shaded:
+//! charts under a title naming the scenario and its parameters, one column
+//! per mode (each row on the same y-scale in every column, so the columns
+//! compare), the fault window shaded and labelled:
 //!
 //! 1. applied per second, hot order and unrelated orders;
 //! 2. database sessions waiting on a lock, and in use;
@@ -83,30 +85,42 @@ fn state_color(state: &str) -> RGBColor {
 /// One line of a chart: its legend, colour and points.
 type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
 
-/// Draws lines over time in `area`, the fault window (if any) shaded, y
-/// from 0 to a little above the highest point.
+/// The top of a y-axis holding `highest`: a little above it, and at least
+/// 5, so a row of small counts gets whole-number ticks.
+fn y_top(highest: f64) -> f64 {
+    highest.max(5.0) * 1.1
+}
+
+/// The highest point of `lines`.
+fn highest(lines: &[Line]) -> f64 {
+    lines
+        .iter()
+        .flat_map(|(_, _, points)| points.iter().map(|p| p.1))
+        .fold(0.0, f64::max)
+}
+
+/// Draws lines over time in `area` on a y-axis from 0 to `y`, the fault
+/// window (if any) shaded and labelled.
 fn line_chart(
     area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
     caption: &str,
     t_max: f64,
+    y: f64,
     fault: Option<(f64, f64)>,
     lines: Vec<Line>,
 ) -> anyhow::Result<()> {
-    let y = lines
-        .iter()
-        .flat_map(|(_, _, points)| points.iter().map(|p| p.1))
-        .fold(1.0, f64::max)
-        * 1.1;
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 18))
         .margin(8)
-        .x_label_area_size(25)
-        .y_label_area_size(45)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
         .build_cartesian_2d(0.0..t_max, 0.0..y)
         .map_err(err)?;
     chart
         .configure_mesh()
         .x_desc("seconds")
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .draw()
         .map_err(err)?;
     if let Some((from, to)) = fault {
@@ -114,6 +128,13 @@ fn line_chart(
             .draw_series(std::iter::once(Rectangle::new(
                 [(from, 0.0), (to, y)],
                 RGBColor(255, 225, 225).filled(),
+            )))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                "fault",
+                (from + (to - from) * 0.02, y * 0.97),
+                ("sans-serif", 14).into_font().color(&RED),
             )))
             .map_err(err)?;
     }
@@ -139,22 +160,46 @@ fn line_chart(
     Ok(())
 }
 
-/// The breaker's state as a colour band along the bottom, and its limit.
+/// The breaker's states, in the order the legend lists them.
+const STATES: [(&str, &str); 4] = [
+    ("closed", "closed"),
+    ("ramping", "ramp"),
+    ("half_open", "half-open"),
+    ("open", "open"),
+];
+
+/// The breaker's state as a colour band along the bottom (explained by a
+/// legend), and its concurrency limit on a y-axis from 0 to `y`.
 fn breaker_chart(
     area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
     caption: &str,
     t_max: f64,
+    y: f64,
     s: &[Sample],
 ) -> anyhow::Result<()> {
-    let y = s.iter().map(|p| p.limit).max().unwrap_or(1) as f64 + 1.0;
     let mut chart = ChartBuilder::on(area)
         .caption(caption, ("sans-serif", 15))
         .margin(8)
-        .x_label_area_size(25)
-        .y_label_area_size(45)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
         .build_cartesian_2d(0.0..t_max, 0.0..y)
         .map_err(err)?;
-    chart.configure_mesh().draw().map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds")
+        .y_desc("limit")
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .draw()
+        .map_err(err)?;
+    for (state, label) in STATES {
+        let color = state_color(state);
+        chart
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
+    }
     chart
         .draw_series(s.windows(2).map(|w| {
             Rectangle::new(
@@ -168,6 +213,15 @@ fn breaker_chart(
             s.iter().map(|p| (secs(p), f64::from(p.limit))),
             &BLACK,
         ))
+        .map_err(err)?
+        .label("limit")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
         .map_err(err)?;
     Ok(())
 }
@@ -189,66 +243,96 @@ pub fn write_png(report: &LabReport, path: &Path) -> anyhow::Result<()> {
             (report.params.fault_at + report.params.fault_secs) as f64,
         )
     });
-    let root = BitMapBackend::new(path, (700 * modes.len() as u32, 1400)).into_drawing_area();
+    let root = BitMapBackend::new(path, (700 * modes.len() as u32, 1450)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled(&report.headline(), ("sans-serif", 22))
+        .map_err(err)?;
     let cells = root.split_evenly((5, modes.len()));
-    for (col, mode) in modes.iter().enumerate() {
+    // Every mode's lines of each row, first, so a row shares one y-scale.
+    let rows: Vec<[Vec<Line>; 4]> = modes.iter().map(|mode| lines_of(mode)).collect();
+    let row_top = |row: usize| y_top(rows.iter().map(|r| highest(&r[row])).fold(0.0, f64::max));
+    let tops = [row_top(0), row_top(1), row_top(2), row_top(3)];
+    let limit_top = modes
+        .iter()
+        .flat_map(|m| m.series.iter().map(|p| p.limit))
+        .max()
+        .unwrap_or(1) as f64
+        * 1.25
+        + 1.0;
+    for (col, (mode, lines)) in modes.iter().zip(rows).enumerate() {
         let cell = |row: usize| &cells[row * modes.len() + col];
         let title = |what: &str| format!("{}: {what}", mode.mode.as_str());
-        let s = &mode.series;
-        let over_time = |value: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
-            s.iter().map(|p| (secs(p), value(p) as f64)).collect()
-        };
-        let r = rates(s);
+        let [applied, sessions, backlog, dead] = lines;
         line_chart(
             cell(0),
             &title("applied per second"),
             t_max,
+            tops[0],
             fault,
-            vec![
-                (
-                    "unrelated orders",
-                    BLUE,
-                    r.iter().map(|p| (p.0, p.2)).collect(),
-                ),
-                (
-                    "hot order 1042",
-                    RED,
-                    r.iter().map(|p| (p.0, p.1)).collect(),
-                ),
-            ],
+            applied,
         )?;
         line_chart(
             cell(1),
             &title("database sessions"),
             t_max,
+            tops[1],
             fault,
-            vec![
-                ("in use", BLUE, over_time(|p| p.connections_active)),
-                ("waiting on a lock", RED, over_time(|p| p.lock_waiters)),
-            ],
+            sessions,
         )?;
         let breaker = if mode.mode == super::Mode::Naive {
-            "shadow breaker, dry run: never gates (green closed, red open)"
+            "shadow breaker, dry run: never gates"
         } else {
-            "breaker (green closed, yellow ramp, orange half-open, red open) and limit"
+            "breaker state and concurrency limit"
         };
-        breaker_chart(cell(2), &title(breaker), t_max, s)?;
+        breaker_chart(cell(2), &title(breaker), t_max, limit_top, &mode.series)?;
         line_chart(
             cell(3),
             &title("queue backlog"),
             t_max,
+            tops[2],
             fault,
-            vec![("backlog", BLUE, over_time(|p| p.backlog))],
+            backlog,
         )?;
         line_chart(
             cell(4),
             &title("dead-lettered"),
             t_max,
+            tops[3],
             fault,
-            vec![("dead-lettered", BLUE, over_time(|p| p.dead_lettered))],
+            dead,
         )?;
     }
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// The lines of one mode's four line charts: applied per second, database
+/// sessions, backlog, dead-lettered.
+fn lines_of(mode: &ModeReport) -> [Vec<Line>; 4] {
+    let s = &mode.series;
+    let over_time = |value: fn(&Sample) -> u64| -> Vec<(f64, f64)> {
+        s.iter().map(|p| (secs(p), value(p) as f64)).collect()
+    };
+    let r = rates(s);
+    [
+        vec![
+            (
+                "unrelated orders",
+                BLUE,
+                r.iter().map(|p| (p.0, p.2)).collect(),
+            ),
+            (
+                "hot order 1042",
+                RED,
+                r.iter().map(|p| (p.0, p.1)).collect(),
+            ),
+        ],
+        vec![
+            ("in use", BLUE, over_time(|p| p.connections_active)),
+            ("waiting on a lock", RED, over_time(|p| p.lock_waiters)),
+        ],
+        vec![("backlog", BLUE, over_time(|p| p.backlog))],
+        vec![("dead-lettered", BLUE, over_time(|p| p.dead_lettered))],
+    ]
 }

@@ -151,6 +151,14 @@ pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
         ModeChoice::Both => &[Mode::Naive, Mode::Breakwater],
     };
     let mut report = LabReport::new(args);
+    // The outermost folder of `data_dir` that this run creates: removed
+    // afterwards if nothing else came to be in it.
+    let made = args
+        .data_dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .last()
+        .map(std::path::Path::to_owned);
     let mut outcome = Ok(());
     for mode in modes {
         match run_mode(args, *mode).await {
@@ -163,9 +171,16 @@ pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
             }
         }
     }
-    // Each mode removes its own queue; the folder goes too if nothing else
-    // is in it (fails harmlessly otherwise).
-    let _ = std::fs::remove_dir(&args.data_dir);
+    // Each mode removes its own queue; the folders the lab made go too,
+    // innermost first, each only if empty (fails harmlessly otherwise).
+    if let Some(made) = made {
+        for dir in args.data_dir.ancestors() {
+            let _ = std::fs::remove_dir(dir);
+            if dir == made {
+                break;
+            }
+        }
+    }
     outcome.map(|()| report)
 }
 

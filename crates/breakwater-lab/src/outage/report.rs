@@ -204,11 +204,12 @@ fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}"))
 }
 
-impl fmt::Display for LabReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl LabReport {
+    /// The scenario and its parameters in one line (the report's first
+    /// line and the chart's title).
+    pub fn headline(&self) -> String {
         let p = &self.params;
-        writeln!(
-            f,
+        format!(
             "lab {:?}: {} webhooks/s for {} s, fault at {} s for {} s{}",
             self.scenario,
             p.rate,
@@ -220,7 +221,13 @@ impl fmt::Display for LabReport {
             } else {
                 String::new()
             }
-        )?;
+        )
+    }
+}
+
+impl fmt::Display for LabReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.headline())?;
         let modes: Vec<&ModeReport> = self.modes.values().collect();
         write!(f, "{:<34}", "")?;
         for m in &modes {

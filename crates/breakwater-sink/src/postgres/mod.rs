@@ -31,7 +31,7 @@ use tokio_postgres::types::{IsNull, Kind, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Config, NoTls};
 
 use self::classify::{classify, classify_pool};
-use crate::settings::{SinkSettings, millis};
+use crate::settings::{LockWaitersScope, SinkSettings, millis};
 use crate::statement::{Bound, Compiled, CompiledStatement, ParamValue, bind};
 use crate::{Applied, Event, FailureClass, LockSnapshot, Sink, SinkError, SinkSetupError};
 
@@ -65,12 +65,29 @@ INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at
 VALUES ($1, $2, $3, $4, $5, now())
 ON CONFLICT (source, event_id) DO NOTHING";
 
+/// Sessions waiting on a lock, and who blocks them. `$1` is the sink's
+/// `application_name`; `$2` counts every waiter of the database instead of
+/// those that concern Breakwater (see [`LockWaitersScope`]).
 const LOCK_SNAPSHOT: &str = "\
-WITH waiting AS (
+WITH ours AS (
     SELECT pid FROM pg_stat_activity
     WHERE datname = current_database()
       AND pid <> pg_backend_pid()
-      AND wait_event_type = 'Lock'
+      AND application_name = $1
+), touched AS (
+    SELECT DISTINCT relation FROM pg_locks
+    WHERE relation IS NOT NULL AND pid IN (SELECT pid FROM ours)
+), waiting AS (
+    SELECT a.pid FROM pg_stat_activity a
+    WHERE a.datname = current_database()
+      AND a.pid <> pg_backend_pid()
+      AND a.wait_event_type = 'Lock'
+      AND ($2
+           OR a.pid IN (SELECT pid FROM ours)
+           OR pg_blocking_pids(a.pid) && ARRAY(SELECT pid FROM ours)
+           OR EXISTS (SELECT 1 FROM pg_locks l
+                      WHERE l.pid = a.pid AND NOT l.granted
+                        AND l.relation IN (SELECT relation FROM touched)))
 )
 SELECT (SELECT count(*) FROM waiting)::int4,
        coalesce((SELECT array_agg(DISTINCT b ORDER BY b)
@@ -166,6 +183,11 @@ impl PgSink {
             begin,
             statement_timeout: settings.statement_timeout,
             sampler: Sampler {
+                application_name: sampler_config
+                    .get_application_name()
+                    .unwrap_or_default()
+                    .to_owned(),
+                whole_database: settings.lock_waiters_scope == LockWaitersScope::Database,
                 config: sampler_config,
                 client: Mutex::new(None),
                 timeout: settings.acquire_timeout.max(Duration::from_secs(1)),
@@ -404,6 +426,9 @@ impl Sink for PgSink {
 /// breaker of the database's view.
 struct Sampler {
     config: Config,
+    /// The apply sessions' `application_name` (the sampler's too).
+    application_name: String,
+    whole_database: bool,
     client: Mutex<Option<tokio_postgres::Client>>,
     timeout: Duration,
 }
@@ -418,7 +443,13 @@ impl Sampler {
                 *slot = Some(client);
             }
             let client = slot.as_ref()?;
-            let row = client.query_one(LOCK_SNAPSHOT, &[]).await.ok()?;
+            let row = client
+                .query_one(
+                    LOCK_SNAPSHOT,
+                    &[&self.application_name, &self.whole_database],
+                )
+                .await
+                .ok()?;
             let waiting: i32 = row.try_get(0).ok()?;
             let blockers: Vec<i32> = row.try_get(1).ok()?;
             Some(LockSnapshot {

@@ -147,6 +147,20 @@ pub struct SinkConfig {
     pub idle_in_transaction_timeout_ms: u64,
     pub pool_max: usize,
     pub acquire_timeout_ms: u64,
+    /// Which sessions waiting on a lock feed the breaker's lock-waiter
+    /// signal (PostgreSQL): `breakwater` (its own sessions, those they
+    /// block, and those waiting on the relations they lock) or `database`
+    /// (every session of the database).
+    pub lock_waiters_scope: LockWaitersScopeName,
+}
+
+/// `sink.lock_waiters_scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockWaitersScopeName {
+    #[default]
+    Breakwater,
+    Database,
 }
 
 impl Default for SinkConfig {
@@ -158,6 +172,7 @@ impl Default for SinkConfig {
             idle_in_transaction_timeout_ms: 10_000,
             pool_max: 20,
             acquire_timeout_ms: 2000,
+            lock_waiters_scope: LockWaitersScopeName::default(),
         }
     }
 }

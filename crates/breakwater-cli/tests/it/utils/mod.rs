@@ -148,6 +148,8 @@ pub struct Server {
     pub ingress: SocketAddr,
     pub admin: SocketAddr,
     pub log: mpsc::Receiver<String>,
+    /// What it logged until it was up.
+    pub startup: Vec<String>,
 }
 
 fn addr_in(line: &str) -> Option<SocketAddr> {
@@ -211,6 +213,7 @@ impl Server {
             ingress: ingress.expect("ingress addr"),
             admin: admin.expect("admin addr"),
             log: rx,
+            startup: seen,
         }
     }
 
