@@ -247,19 +247,19 @@ async fn new_then_duplicate_applies_once_with_converted_types() {
     assert_eq!(inbox.get::<_, i64>(4), 1_700_000_000);
 
     // A body that is not JSON still applies when no statement needs JSON;
-    // its payload is NULL.
+    // its payload is kept as a JSON string, never NULL.
     let ev = event("plain", "evt_2", "1043", &h, b"not json");
     assert_eq!(sink.apply(&ev).await.expect("plain"), Applied::New);
     assert_eq!(hits(&c, 1043).await, 1);
-    let payload_null: bool = c
+    let payload: Option<String> = c
         .query_one(
-            "SELECT payload IS NULL FROM breakwater_inbox WHERE event_id = 'evt_2'",
+            "SELECT payload #>> '{}' FROM breakwater_inbox WHERE event_id = 'evt_2'",
             &[],
         )
         .await
         .expect("inbox row")
         .get(0);
-    assert!(payload_null);
+    assert_eq!(payload.as_deref(), Some("not json"));
     // A source without statements records the event only.
     let ev = event("unknown", "evt_3", "1043", &h, b"{}");
     assert_eq!(sink.apply(&ev).await.expect("no statements"), Applied::New);

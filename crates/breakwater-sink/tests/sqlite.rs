@@ -429,3 +429,34 @@ async fn statements_the_database_rejects_fail_setup() {
         "{err}"
     );
 }
+
+/// A body that is not JSON, accepted by a source that takes any body, is
+/// never applied with a NULL payload: the inbox keeps it as a JSON string.
+#[tokio::test]
+async fn a_body_that_is_not_json_is_kept_as_a_json_string() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let mut all = BTreeMap::new();
+    all.insert(
+        "plain".to_owned(),
+        vec![StatementSpec {
+            sql: "UPDATE orders SET hits = hits + 1 WHERE id = $entity".to_owned(),
+            params: BTreeMap::new(),
+        }],
+    );
+    let sink = connect(&settings(&path), &all).await.expect("connect");
+    let ev = Event {
+        source: "plain",
+        ..event("evt_text", b"status=paid")
+    };
+    assert_eq!(sink.apply(&ev).await.expect("applied"), Applied::New);
+    let payload: Option<String> = c
+        .query_row(
+            "SELECT payload FROM breakwater_inbox WHERE event_id = 'evt_text'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("inbox");
+    assert_eq!(payload.as_deref(), Some("\"status=paid\""));
+}
