@@ -11,12 +11,13 @@ use std::sync::Arc;
 
 pub use breakwater_queue::*;
 use breakwater_queue_embedded::EmbeddedBackend;
+use breakwater_queue_nats::NatsBackend;
 
 /// Every backend of this build, by the name `[queue] backend` selects it by.
-const BACKENDS: &[&dyn Backend] = &[&EmbeddedBackend];
+const BACKENDS: &[&dyn Backend] = &[&EmbeddedBackend, &NatsBackend];
 
 /// Backends planned but not built yet, named in the error for them.
-const PLANNED: &[&str] = &["rabbitmq", "nats", "kafka", "sqs"];
+const PLANNED: &[&str] = &["rabbitmq", "kafka", "sqs"];
 
 /// The backend `section` selects.
 pub fn backend(section: &QueueSection) -> Result<&'static dyn Backend, ConfigProblem> {

@@ -1,0 +1,92 @@
+//! How a message travels in a JetStream payload: a length-prefixed JSON
+//! envelope of its metadata, then the body as it came. Metadata stays out of
+//! NATS headers because event ids and entity keys come from senders and a
+//! header value may not hold every byte they can.
+//!
+//! ```text
+//! | meta length: u32 big-endian | meta: JSON | body |
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+/// What travels beside the body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    pub source: String,
+    pub event_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity_key: Option<String>,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    pub received_at_ms: i64,
+    /// Times the message came back from the DLQ.
+    #[serde(default)]
+    pub replays: u32,
+    /// DLQ only: failed attempts before it was dead-lettered.
+    #[serde(default)]
+    pub attempts: u32,
+    /// DLQ only: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_at_ms: Option<i64>,
+}
+
+/// A payload that is not an envelope.
+#[derive(Debug, thiserror::Error)]
+#[error("not a Breakwater envelope: {0}")]
+pub(crate) struct NotAnEnvelope(String);
+
+pub(crate) fn encode(meta: &Meta, body: &[u8]) -> Bytes {
+    // A struct of strings and numbers always serializes.
+    let json = serde_json::to_vec(meta).unwrap_or_default();
+    let mut out = BytesMut::with_capacity(4 + json.len() + body.len());
+    out.put_u32(u32::try_from(json.len()).unwrap_or(u32::MAX));
+    out.put_slice(&json);
+    out.put_slice(body);
+    out.freeze()
+}
+
+pub(crate) fn decode(payload: &Bytes) -> Result<(Meta, Bytes), NotAnEnvelope> {
+    let len = payload
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or_else(|| NotAnEnvelope("shorter than its length prefix".into()))?;
+    let end = 4usize
+        .checked_add(len)
+        .filter(|end| *end <= payload.len())
+        .ok_or_else(|| NotAnEnvelope("metadata longer than the payload".into()))?;
+    let meta: Meta =
+        serde_json::from_slice(&payload[4..end]).map_err(|e| NotAnEnvelope(e.to_string()))?;
+    Ok((meta, payload.slice(end..)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_what_is_not_one() {
+        let meta = Meta {
+            source: "stripe".into(),
+            event_id: "evt\r\n1".into(),
+            entity_key: Some("1042".into()),
+            headers: vec![("content-type".into(), "application/json".into())],
+            received_at_ms: 7,
+            replays: 1,
+            attempts: 0,
+            class: None,
+            error: None,
+            dead_at_ms: None,
+        };
+        let payload = encode(&meta, b"{\"a\":1}");
+        let (back, body) = decode(&payload).expect("decode");
+        assert_eq!(back, meta);
+        assert_eq!(&body[..], b"{\"a\":1}");
+        assert!(decode(&Bytes::from_static(b"\x00\x00")).is_err());
+        assert!(decode(&Bytes::from_static(b"\x00\x00\x00\x09{}")).is_err());
+    }
+}
