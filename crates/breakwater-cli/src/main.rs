@@ -27,18 +27,27 @@ macro_rules! outln {
     };
 }
 
-fn write_stdout(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+fn write_stdout(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
     use std::io::Write;
-    std::io::stdout().lock().write_fmt(args)
+    std::io::stdout()
+        .lock()
+        .write_fmt(args)
+        .map_err(StdoutError)
 }
 
-/// Whether `e` is stdout closed under us: the reader went away, which is
-/// no failure of the command.
+/// A write to stdout that failed: told apart from every other I/O error,
+/// so only a closed stdout ends a command quietly.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to stdout: {0}")]
+struct StdoutError(std::io::Error);
+
+/// Whether `e` is stdout closed under us (`| head`): the reader went away,
+/// which is no failure of the command.
 fn broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
         cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            .downcast_ref::<StdoutError>()
+            .is_some_and(|out| out.0.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
 

@@ -297,6 +297,16 @@ impl<A: ProbeAdmission> Breaker<A> {
         })
     }
 
+    /// [`Breaker::try_admit_probe`] for the half-open `period` a fleet slot
+    /// was taken in: `None` once the breaker has moved to another period
+    /// (the slot must be given back).
+    pub fn try_admit_probe_in(&mut self, period: u64, now: Instant) -> Option<ProbeTicket> {
+        if period != self.period {
+            return None;
+        }
+        self.try_admit_probe(now)
+    }
+
     /// In half-open, takes a probe slot; `None` when not half-open, in
     /// dry-run mode, under a manual override, or when all slots are taken.
     pub fn try_admit_probe(&mut self, now: Instant) -> Option<ProbeTicket> {
@@ -462,6 +472,13 @@ impl<A: ProbeAdmission> Breaker<A> {
     }
 
     fn end_override(&mut self, reason: Reason, now: Instant) -> Transition {
+        if let Some(why) = &self.unreachable {
+            // Held open for an unreachable dependency under the override:
+            // that hold applies now.
+            let detail = why.clone();
+            self.manual = None;
+            return self.go(State::Open, Reason::Unreachable { detail }, now);
+        }
         let idle = self.queue.idle(self.ms(now));
         let (to, reason) = match self.manual.take().map(|m| m.kind) {
             // With nothing queued there is nothing to probe with: half-open
@@ -500,7 +517,8 @@ impl<A: ProbeAdmission> Breaker<A> {
     /// and `status` says so. Returns the transition if it was not open.
     pub fn dependency_unreachable(&mut self, why: &str, now: Instant) -> Option<Transition> {
         self.unreachable = Some(why.to_owned());
-        (self.state != State::Open).then(|| {
+        // An operator's override wins; when it ends, the hold applies.
+        (self.state != State::Open && self.manual.is_none()).then(|| {
             self.go(
                 State::Open,
                 Reason::Unreachable {
@@ -509,6 +527,12 @@ impl<A: ProbeAdmission> Breaker<A> {
                 now,
             )
         })
+    }
+
+    /// Why the dependency cannot be reached, while the breaker is held open
+    /// for it.
+    pub fn unreachable(&self) -> Option<&str> {
+        self.unreachable.as_deref()
     }
 
     /// The dependency answers again: half-open, so probes confirm it before

@@ -46,6 +46,7 @@
 //! | [`signals`] | the six trip signals |
 //! | [`gate`] | [`GateSnapshot`] and the lock-free [`SharedGate`] |
 //! | [`probe`] | half-open probe admission ([`ProbeAdmission`]) |
+//! | [`contention`] | one hot key's lock trouble told from the database's |
 //! | [`coordination`] | the async seams a fleet plugs into: the shared breaker record and fleet-wide probe slots, with one-node stores |
 //! | [`ramp`] | ramp step limits and cool-down lengths |
 //! | [`backoff`] | retry delays: full, equal, decorrelated or no jitter |
@@ -57,6 +58,7 @@
 pub mod backoff;
 pub mod breaker;
 pub mod config;
+pub mod contention;
 pub mod coordination;
 pub mod gate;
 pub mod probe;
@@ -72,6 +74,7 @@ pub use config::{
     BreakerConfig, ConfigError, CoolDownConfig, DbLockWaitersConfig, DlqConfig, FailureRatioConfig,
     HalfOpenConfig, InFlightConfig, LockWaitConfig, RampConfig, SlowCallConfig,
 };
+pub use contention::KeyContention;
 pub use coordination::{
     BreakerRecord, BreakerStore, CoordinationError, LocalBreakerStore, LocalProbeSlots, ProbeSlot,
     ProbeSlots,

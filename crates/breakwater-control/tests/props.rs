@@ -187,7 +187,7 @@ proptest! {
                     processed += p;
                     b.observe_queue(QueueSample {
                         visible: v, in_flight: i,
-                        dead_lettered_total: processed / 4, processed_total: processed,
+                        dead_lettered_total: processed / 4, processed_total: processed, delayed: 0,
                     }, now);
                     None
                 }

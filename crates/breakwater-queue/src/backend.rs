@@ -49,9 +49,15 @@ impl QueueSection {
     /// The backend's own keys read as `T` (which should deny unknown fields
     /// and default the missing ones).
     pub fn own<T: DeserializeOwned>(&self) -> Result<T, ConfigProblem> {
-        toml::Value::Table(self.options.clone())
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigProblem::from_serde(e.message()))
+        serde_path_to_error::deserialize(toml::Value::Table(self.options.clone())).map_err(|e| {
+            let path = e.path().to_string();
+            let mut problem = ConfigProblem::from_serde(&e.inner().to_string());
+            // A type error names no field in its message: the path does.
+            if problem.key.is_none() && path != "." {
+                problem.key = Some(path);
+            }
+            problem
+        })
     }
 
     /// `url`, or a problem naming the key when the backend needs it.
@@ -117,6 +123,12 @@ pub trait Backend: Send + Sync {
     /// `config check`.
     fn check(&self, section: &QueueSection) -> Result<toml::Table, ConfigProblem>;
 
+    /// The backend's own keys that hold secrets, replaced by `<redacted>`
+    /// wherever the config is shown.
+    fn secret_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Opens (or, with [`OpenMode::Serve`], creates) the queue.
     async fn open(
         &self,
@@ -158,6 +170,13 @@ mod tests {
                 batch: 3
             }
         );
+    }
+
+    #[test]
+    fn a_type_error_in_an_own_key_names_the_key() {
+        let s: QueueSection = toml::from_str("batch = \"x\"\n").expect("toml");
+        let e = s.own::<Own>().expect_err("a string for a number");
+        assert_eq!(e.key.as_deref(), Some("batch"), "{e}");
     }
 
     #[test]

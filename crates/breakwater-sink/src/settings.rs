@@ -37,8 +37,10 @@ pub struct SinkSettings {
 pub enum LockWaitersScope {
     /// Those that concern Breakwater: its own sessions (by
     /// `application_name`), sessions its sessions block, and sessions
-    /// waiting on a relation its sessions hold or wait for a lock on. Another
-    /// application's lock waits elsewhere in the database do not count.
+    /// waiting for a relation-level lock on a relation its sessions hold or
+    /// wait for a lock on (a row wait behind another application's
+    /// transaction is not seen). Another application's lock waits elsewhere
+    /// in the database do not count.
     #[default]
     Breakwater,
     /// Every session of the database waiting on a lock.

@@ -167,6 +167,7 @@ fn a_thousand_poison_messages_do_not_trip() {
                     in_flight: 1,
                     dead_lettered_total: total,
                     processed_total: total,
+                    delayed: 0,
                 },
                 h.now,
             );
@@ -534,6 +535,7 @@ fn queue_run(h: &mut H, secs: u64, rate: u64, visible: u64, in_flight: u64, tota
                 in_flight,
                 dead_lettered_total: 0,
                 processed_total: *total,
+                delayed: 0,
             },
             h.now,
         );
@@ -569,6 +571,7 @@ fn in_flight_pile_up_with_collapsed_throughput_trips() {
                 in_flight: 500,
                 dead_lettered_total: 0,
                 processed_total: total,
+                delayed: 0,
             },
             h.now,
         );
@@ -746,6 +749,64 @@ fn clearing_a_forced_open_with_an_empty_queue_closes_at_once() {
     assert_eq!(t.to, State::HalfOpen);
     let waiting = h.b.status(h.now).waiting_for.expect("waiting");
     assert!(waiting.contains("probe success"), "{waiting}");
+}
+
+#[test]
+fn messages_waiting_for_a_delay_are_not_an_empty_queue() {
+    let mut h = H::new(cfg());
+    h.b.force_open("maintenance", None, h.now);
+    h.b.observe_queue(
+        QueueSample {
+            delayed: 12,
+            ..QueueSample::default()
+        },
+        h.now,
+    );
+    let t = h.b.clear_override(h.now).expect("cleared");
+    assert_eq!(
+        t.to,
+        State::HalfOpen,
+        "retries are coming back: probe first"
+    );
+}
+
+#[test]
+fn an_unreachable_dependency_holds_it_open_and_an_override_wins_meanwhile() {
+    let mut h = H::new(cfg());
+    let t = h.b.dependency_unreachable("refused", h.now).expect("opens");
+    assert_eq!(t.to, State::Open);
+    assert_eq!(h.tick(3_600_000), None, "held while unreachable");
+    assert!(
+        h.b.status(h.now)
+            .waiting_for
+            .expect("waiting")
+            .contains("refused")
+    );
+    let t = h.b.dependency_reachable(h.now).expect("reachable");
+    assert_eq!((t.to, t.reason), (State::HalfOpen, Reason::Reachable));
+
+    // Under a forced close the operator wins; when it ends, the hold applies.
+    let mut h = H::new(cfg());
+    h.b.force_closed(None, h.now);
+    assert_eq!(h.b.dependency_unreachable("refused", h.now), None);
+    assert_eq!(h.b.state(), State::Closed);
+    let t = h.b.clear_override(h.now).expect("cleared");
+    assert_eq!(t.to, State::Open);
+    assert!(
+        matches!(t.reason, Reason::Unreachable { .. }),
+        "{:?}",
+        t.reason
+    );
+}
+
+#[test]
+fn a_fleet_slot_of_another_period_admits_no_probe() {
+    let mut h = H::new(cfg());
+    h.trip();
+    h.wait_half_open();
+    let (period, _) = h.b.probe_period().expect("half-open");
+    assert_eq!(h.b.try_admit_probe_in(period + 1, h.now), None);
+    assert!(h.b.try_admit_probe_in(period, h.now).is_some());
 }
 
 #[test]

@@ -37,6 +37,9 @@ pub struct QueueSample {
     pub dead_lettered_total: u64,
     /// Cumulative count of messages processed (acked or dead-lettered).
     pub processed_total: u64,
+    /// Messages waiting for a retry delay (or a parked key's release) to
+    /// pass, where the backend counts them apart from `in_flight`.
+    pub delayed: u64,
 }
 
 impl QueueSample {
@@ -108,12 +111,14 @@ impl QueueSignals {
 
     /// Forgets dead letters seen so far (entering half-open and the ramp).
     /// Whether the latest sample, no older than its TTL, showed nothing
-    /// visible and nothing in flight: no work to probe with.
+    /// visible, in flight or waiting for a delay: no work to probe with,
+    /// now or soon.
     pub(crate) fn idle(&self, now_ms: u64) -> bool {
         self.last.is_some_and(|(s, at)| {
             now_ms.saturating_sub(at) <= self.cfg.sample_ttl_ms
                 && s.visible == 0
                 && s.in_flight == 0
+                && s.delayed == 0
         })
     }
 
@@ -287,6 +292,7 @@ mod tests {
                     in_flight,
                     dead_lettered_total: 0,
                     processed_total: *processed,
+                    delayed: 0,
                 },
                 t * 1000,
             );

@@ -65,15 +65,17 @@ INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at
 VALUES ($1, $2, $3, $4, $5, now())
 ON CONFLICT (source, event_id) DO NOTHING";
 
-/// Sessions waiting on a lock, and who blocks them. `$1` is the sink's
-/// `application_name`; `$2` counts every waiter of the database instead of
-/// those that concern Breakwater (see [`LockWaitersScope`]).
+/// Sessions waiting on a lock, and who blocks them. Breakwater's sessions
+/// are those with the sampler's own `application_name` (the apply pool's:
+/// read from the session, so a name PostgreSQL truncated still matches);
+/// `$1` counts every waiter of the database instead of those that concern
+/// Breakwater (see [`LockWaitersScope`]).
 const LOCK_SNAPSHOT: &str = "\
 WITH ours AS (
     SELECT pid FROM pg_stat_activity
     WHERE datname = current_database()
       AND pid <> pg_backend_pid()
-      AND application_name = $1
+      AND application_name = current_setting('application_name')
 ), touched AS (
     SELECT DISTINCT relation FROM pg_locks
     WHERE relation IS NOT NULL AND pid IN (SELECT pid FROM ours)
@@ -82,7 +84,7 @@ WITH ours AS (
     WHERE a.datname = current_database()
       AND a.pid <> pg_backend_pid()
       AND a.wait_event_type = 'Lock'
-      AND ($2
+      AND ($1
            OR a.pid IN (SELECT pid FROM ours)
            OR pg_blocking_pids(a.pid) && ARRAY(SELECT pid FROM ours)
            OR EXISTS (SELECT 1 FROM pg_locks l
@@ -183,10 +185,6 @@ impl PgSink {
             begin,
             statement_timeout: settings.statement_timeout,
             sampler: Sampler {
-                application_name: sampler_config
-                    .get_application_name()
-                    .unwrap_or_default()
-                    .to_owned(),
                 whole_database: settings.lock_waiters_scope == LockWaitersScope::Database,
                 config: sampler_config,
                 client: Mutex::new(None),
@@ -426,8 +424,6 @@ impl Sink for PgSink {
 /// breaker of the database's view.
 struct Sampler {
     config: Config,
-    /// The apply sessions' `application_name` (the sampler's too).
-    application_name: String,
     whole_database: bool,
     client: Mutex<Option<tokio_postgres::Client>>,
     timeout: Duration,
@@ -444,10 +440,7 @@ impl Sampler {
             }
             let client = slot.as_ref()?;
             let row = client
-                .query_one(
-                    LOCK_SNAPSHOT,
-                    &[&self.application_name, &self.whole_database],
-                )
+                .query_one(LOCK_SNAPSHOT, &[&self.whole_database])
                 .await
                 .ok()?;
             let waiting: i32 = row.try_get(0).ok()?;

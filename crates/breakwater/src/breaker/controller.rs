@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use breakwater_control::{
     Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
-    Heartbeat, LocalBreakerStore, LocalProbeSlots, Outcome, ProbeSlot, ProbeSlots, ProbeTicket,
-    QueueSample, SharedGate, SignalKind, State, Transition, WorkerState,
+    Heartbeat, KeyContention, LocalBreakerStore, LocalProbeSlots, Outcome, OutcomeClass, ProbeSlot,
+    ProbeSlots, ProbeTicket, QueueSample, SharedGate, SignalKind, State, Transition, WorkerState,
 };
 use breakwater_sink::Sink;
 use tokio::sync::{Notify, watch};
@@ -43,6 +43,8 @@ use crate::telemetry;
 pub const LOCK_WAIT_AFTER: Duration = Duration::from_millis(250);
 const TICK: Duration = Duration::from_millis(100);
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// Pause before storing the breaker's record again after the store failed.
+const SHARE_RETRY: Duration = Duration::from_secs(1);
 
 /// Start times of the applies in progress, one slot per worker.
 #[derive(Debug)]
@@ -148,9 +150,11 @@ pub struct Controller {
     coordination: Coordination,
     /// How long a fleet probe slot is held at most (the probe timeout).
     probe_ttl: Duration,
-    /// The record to share next, set at every transition and stored by the
-    /// tick loop (in order, by compare-and-set).
+    /// The record to share next: the breaker as it stands after the latest
+    /// transition, stored by its own task by compare-and-set.
     record: watch::Sender<Option<BreakerRecord>>,
+    /// Recent lock timeouts by key: one hot key's, or the database's.
+    contention: Mutex<KeyContention>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -185,6 +189,7 @@ impl Controller {
             coordination,
             probe_ttl,
             record: watch::channel(None).0,
+            contention: Mutex::new(KeyContention::default()),
         };
         controller.publish_gauges();
         Ok(Arc::new(controller))
@@ -221,6 +226,23 @@ impl Controller {
         }
         if let Some(t) = t {
             self.announce(&t);
+        }
+    }
+
+    /// How the breaker counts a lock timeout on `key`, a key the lanes set
+    /// aside: one hot key's trouble ([`OutcomeClass::KeyContention`], not a
+    /// failure of the database) while few keys time out on locks, the
+    /// database's ([`OutcomeClass::Dependency`]) once many do.
+    pub fn lock_timeout_class(&self, key: &str) -> OutcomeClass {
+        let one_key = self
+            .contention
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_one_keys_trouble(key, Instant::now());
+        if one_key {
+            OutcomeClass::KeyContention
+        } else {
+            OutcomeClass::Dependency
         }
     }
 
@@ -270,7 +292,16 @@ impl Controller {
                 None
             }
         };
-        match self.breaker().try_admit_probe(Instant::now()) {
+        // The breaker may have moved to another half-open period while the
+        // store answered: a slot of the old one admits nothing.
+        let admitted = {
+            let mut b = self.breaker();
+            match slot {
+                Some(s) => b.try_admit_probe_in(s.period, Instant::now()),
+                None => b.try_admit_probe(Instant::now()),
+            }
+        };
+        match admitted {
             Some(ticket) => Some(Probe { ticket, slot }),
             None => {
                 if let Some(slot) = slot {
@@ -345,20 +376,33 @@ impl Controller {
         }
         metrics::counter!(telemetry::BREAKER_TRANSITIONS, "to" => t.to.as_str()).increment(1);
         self.publish_gauges();
+        // The breaker as it stands now, not as `t` left it: two transitions
+        // announced out of order still leave the latest state shared.
+        let (state, reason, limit) = {
+            let status = self.status();
+            (
+                status.state,
+                status.message.unwrap_or_else(|| t.reason.to_string()),
+                status.limit,
+            )
+        };
         self.record.send_modify(|r| {
             let generation = r.as_ref().map_or(1, |r| r.generation + 1);
             *r = Some(BreakerRecord {
-                state: t.to,
-                reason: t.reason.to_string(),
-                limit: t.limit,
+                state,
+                reason,
+                limit,
                 generation,
             });
         });
         self.changed.notify_waiters();
     }
 
-    /// Stores each new record in the coordination store, in order, by
-    /// compare-and-set on the generation this node stored last.
+    /// Stores the breaker's latest record in the coordination store by
+    /// compare-and-set on the generation this node stored last (records in
+    /// between may be skipped: the store holds the current state, not a
+    /// log). A store that failed, or that another node moved, is tried
+    /// again after [`SHARE_RETRY`].
     async fn share_records(&self, mut stop: watch::Receiver<bool>) {
         let mut records = self.record.subscribe();
         let mut stored: Option<u64> = None;
@@ -366,7 +410,11 @@ impl Controller {
             // The latest record (one made before this task started included),
             // unless it is the one stored already.
             let latest = records.borrow_and_update().clone();
-            if let Some(record) = latest.filter(|r| Some(r.generation) != stored) {
+            let mut retry = None;
+            if let Some(mut record) = latest.filter(|r| Some(r.generation) != stored) {
+                // Always past what is stored, so a store another node moved
+                // on still takes this node's next record.
+                record.generation = record.generation.max(stored.map_or(0, |g| g + 1));
                 let generation = record.generation;
                 match self
                     .coordination
@@ -375,16 +423,35 @@ impl Controller {
                     .await
                 {
                     Ok(true) => stored = Some(generation),
-                    // Another node moved first; following it is the fleet's job.
-                    Ok(false) => tracing::info!(
-                        generation,
-                        "the shared breaker record moved elsewhere; this node keeps its own"
-                    ),
-                    Err(e) => tracing::warn!(error = %e, "cannot share the breaker record"),
+                    Ok(false) => {
+                        // Another node moved first; following its state is
+                        // the fleet's job. Compare against what is there.
+                        tracing::info!(
+                            generation,
+                            "the shared breaker record moved elsewhere; this node keeps its own"
+                        );
+                        if let Ok(now) = self.coordination.store.load().await {
+                            stored = now.map(|r| r.generation);
+                        }
+                        retry = Some(SHARE_RETRY);
+                        records.mark_changed();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot share the breaker record; trying again");
+                        retry = Some(SHARE_RETRY);
+                        records.mark_changed();
+                    }
                 }
             }
+            let backoff = async {
+                match retry {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                changed = records.changed() => if changed.is_err() { break },
+                changed = records.changed(), if retry.is_none() => if changed.is_err() { break },
+                () = backoff => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
@@ -474,6 +541,7 @@ impl Controller {
                         in_flight,
                         dead_lettered_total: dead,
                         processed_total: acked + dead,
+                        delayed: s.delayed.unwrap_or(0),
                     };
                     self.breaker().observe_queue(sample, Instant::now());
                 }
@@ -508,6 +576,10 @@ impl Controller {
 
 impl crate::ingress::ApplyStatus for Controller {
     fn not_applying(&self) -> Option<String> {
+        // Held for an unreachable sink: nothing is applied, dry run or not.
+        if let Some(why) = self.breaker().unreachable() {
+            return Some(format!("not applying: {why}"));
+        }
         let gate = self.gate();
         (!gate.may_poll).then(|| {
             let status = self.status();
@@ -628,7 +700,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_transition_is_stored_in_order() {
+    async fn the_latest_transition_reaches_the_store() {
         let store = Arc::new(LocalBreakerStore::default());
         let coordination = Coordination {
             store: Arc::clone(&store) as Arc<dyn BreakerStore>,

@@ -4,9 +4,10 @@
 //! has one; an ingress-only process never waits on the breaker.
 //!
 //! The controller shares its breaker through the async seams of
-//! `breakwater_control::coordination` ([`Coordination`]): every transition
-//! becomes a record stored by compare-and-set, and a half-open probe takes a
-//! fleet slot before the breaker's own. One node uses the in-memory stores;
+//! `breakwater_control::coordination` ([`Coordination`]): after every
+//! transition the breaker's state is stored as a record by compare-and-set,
+//! and a half-open probe takes a fleet slot (of the same half-open period)
+//! before the breaker's own. One node uses the in-memory stores;
 //! a fleet store drops in behind the same traits.
 
 pub mod controller;

@@ -38,7 +38,12 @@ pub(super) fn apply_env(
         };
         section_table.insert(key.to_owned(), value);
         match toml::Value::Table(table.clone()).try_into::<Config>() {
-            Ok(config) => return Ok(config),
+            // `[queue]` holds the backend's own keys untyped: they are
+            // read by the backend, which must take the value too.
+            Ok(config) => match crate::queue::check(&config.queue) {
+                Err(problem) if section == "queue" => last = problem.message,
+                _ => return Ok(config),
+            },
             Err(e) => last = e.message().to_owned(),
         }
     }

@@ -308,9 +308,17 @@ impl Config {
         }
         copy.sink.url = redact_url(&copy.sink.url);
         copy.queue.url = copy.queue.url.as_deref().map(redact_url);
-        // The backend's own keys as it reads them, defaults included.
+        // The backend's own keys as it reads them, defaults included, its
+        // secret ones hidden.
         if let Ok(effective) = crate::queue::check(&copy.queue) {
             copy.queue.options = effective;
+        }
+        if let Ok(backend) = crate::queue::backend(&copy.queue) {
+            for key in backend.secret_keys() {
+                if let Some(value) = copy.queue.options.get_mut(*key) {
+                    *value = toml::Value::String("<redacted>".to_owned());
+                }
+            }
         }
         copy
     }
@@ -579,5 +587,41 @@ secrets = ["topsecret"]
             Some(16_384),
             "defaults filled in: {shown:?}"
         );
+    }
+
+    #[test]
+    fn a_backend_key_from_the_environment_stays_a_string_when_it_must() {
+        let c = Config::from_toml_with_env(
+            "",
+            Path::new("t.toml"),
+            [("BREAKWATER_QUEUE_PATH".to_owned(), "2024".to_owned())],
+        )
+        .expect("a numeric-looking path is a path");
+        assert_eq!(
+            c.redacted()
+                .queue
+                .options
+                .get("path")
+                .and_then(|v| v.as_str()),
+            Some("2024")
+        );
+        let err = Config::from_toml_with_env(
+            "",
+            Path::new("t.toml"),
+            [("BREAKWATER_QUEUE_MAX_BATCH".to_owned(), "lots".to_owned())],
+        )
+        .expect_err("not a number")
+        .to_string();
+        assert!(err.contains("BREAKWATER_QUEUE_MAX_BATCH"), "{err}");
+        assert!(!err.contains("lots"), "the value is shown: {err}");
+    }
+
+    #[test]
+    fn a_type_error_in_a_backend_key_names_the_key_and_line() {
+        let err = parse("[queue]\nmax_batch = \"x\"\n")
+            .expect_err("a string for a number")
+            .to_string();
+        assert!(err.contains("queue.max_batch (line 2)"), "{err}");
+        assert!(!err.contains("\"x\""), "{err}");
     }
 }

@@ -161,8 +161,13 @@ async fn apply_once(
     let class = match &result {
         Ok(_) => OutcomeClass::Success,
         Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
-        // The lane parks the key: its row's trouble, not the database's.
-        Err(e) if e.is_lock_related() && job.laned => OutcomeClass::KeyContention,
+        // A row lock on a key the lane sets aside: that key's trouble while
+        // few keys have it (a probe's outcome always counts).
+        Err(e) if e.kind == "lock_timeout" && job.laned && job.probe.is_none() => {
+            job.key().map_or(OutcomeClass::Dependency, |key| {
+                controller.lock_timeout_class(key)
+            })
+        }
         Err(_) => OutcomeClass::Dependency,
     };
     controller.record(Outcome { class, latency }, job.probe);
