@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: starts the services the tests
-# need if they are not running, then runs every test of the workspace.
+# need if they are not running (PostgreSQL, NATS with JetStream; the NATS
+# restart test starts a nats-server of its own), then runs every test of the
+# workspace.
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh -p breakwater-control   # extra args go to cargo test
@@ -27,7 +29,22 @@ ensure_postgres() {
     || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
 }
 
+# NATS with JetStream (queue backend tests): 127.0.0.1:4222.
+ensure_nats() {
+  if port_open 4222; then return 0; fi
+  say "NATS is not running; starting nats-server with JetStream"
+  if ! command -v nats-server >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+  fi
+  mkdir -p /tmp/breakwater-test-nats
+  nohup nats-server -js -a 127.0.0.1 -p 4222 -sd /tmp/breakwater-test-nats \
+    >/tmp/breakwater-test-nats.log 2>&1 &
+  for _ in $(seq 1 30); do port_open 4222 && break; sleep 1; done
+  port_open 4222 || { say "nats-server did not start"; return 1; }
+}
+
 ensure_postgres
+ensure_nats
 
 say "cargo test --workspace"
 cargo test --workspace --all-targets "$@"

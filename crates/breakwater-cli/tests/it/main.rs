@@ -8,6 +8,7 @@ mod cli;
 mod crash;
 mod ingress;
 mod lab;
+mod nats;
 mod pg;
 mod utils;
 mod worker;

@@ -9,7 +9,7 @@ use http::StatusCode;
 use crate::pg::ScratchDb;
 use crate::utils::*;
 
-const ORDERS: &str = "
+pub(crate) const ORDERS: &str = "
 CREATE TABLE orders (
     id            bigint PRIMARY KEY,
     status        text NOT NULL CHECK (status <> 'poison'),
@@ -21,7 +21,7 @@ INSERT INTO orders (id, status) VALUES (1042, 'new');
 ";
 
 /// Sink and statement config for the orders table; `extra` is appended.
-fn sink_config(db: &ScratchDb, extra: &str) -> String {
+pub(crate) fn sink_config(db: &ScratchDb, extra: &str) -> String {
     format!(
         r#"
 [sink]

@@ -81,11 +81,25 @@ impl Sandbox {
     /// with listeners on port 0 and data under the sandbox. The default
     /// sink is SQLite under the sandbox.
     pub fn new(extra: &str) -> Self {
+        Self::with_queue_of(None, extra)
+    }
+
+    /// A sandbox whose `[queue]` table is `queue` (a broker's) instead of
+    /// the embedded store under the sandbox.
+    pub fn with_queue(queue: &str, extra: &str) -> Self {
+        Self::with_queue_of(Some(queue), extra)
+    }
+
+    fn with_queue_of(queue: Option<&str>, extra: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("bw-it-")
             .tempdir_in(std::env::temp_dir())
             .expect("tempdir");
         let data = dir.path().join("queue");
+        let queue = queue.map_or_else(
+            || format!("[queue]\npath = \"{}\"\n", data.display()),
+            str::to_owned,
+        );
         let config = format!(
             r#"
 [ingress]
@@ -96,8 +110,7 @@ max_body_bytes = 4096
 listen = "127.0.0.1:0"
 
 {}
-[queue]
-path = "{}"
+{queue}
 {}
 {extra}
 "#,
@@ -109,7 +122,6 @@ path = "{}"
                     dir.path().join("sink.db").display()
                 )
             },
-            data.display(),
             sources_toml()
         );
         std::fs::write(dir.path().join("breakwater.toml"), config).expect("write config");

@@ -1,0 +1,302 @@
+//! The whole pipeline on NATS JetStream: the real binary publishing to and
+//! pulling from the machine's NATS server (127.0.0.1:4222, or
+//! `BREAKWATER_TEST_NATS_URL`), applying to a real PostgreSQL. Each test
+//! uses streams of its own, removed when it ends; a server of its own where
+//! the test stops it.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use breakwater_queue_nats::{Names, NatsQueue};
+use http::StatusCode;
+
+use crate::pg::ScratchDb;
+use crate::utils::*;
+use crate::worker::{ORDERS, sink_config};
+
+fn nats_url() -> String {
+    std::env::var("BREAKWATER_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+/// A queue name of its own on a NATS server, its streams removed on drop.
+struct QueueName {
+    url: String,
+    name: String,
+}
+
+impl QueueName {
+    fn new(url: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Self {
+            url: url.to_owned(),
+            name: format!(
+                "bwit_{}_{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    /// The `[queue]` table for it.
+    fn toml(&self) -> String {
+        format!(
+            "[queue]\nbackend = \"nats\"\nurl = \"{}\"\nname = \"{}\"\nlease_ms = 10000\n",
+            self.url, self.name
+        )
+    }
+}
+
+impl Drop for QueueName {
+    fn drop(&mut self) {
+        let (url, name) = (self.url.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                let _ = rt.block_on(NatsQueue::destroy(&url, &name));
+            }
+        })
+        .join();
+    }
+}
+
+/// The consumer's counters, from the server: (delivered stream sequence,
+/// messages delivered and not acknowledged).
+async fn consumer_counts(url: &str, name: &str) -> (u64, usize) {
+    let client = async_nats::connect(url).await.expect("connect to NATS");
+    let js = async_nats::jetstream::new(client);
+    let names = Names::of(name);
+    let stream = js.get_stream(&names.stream).await.expect("stream");
+    let info = stream
+        .consumer_info(&names.consumer)
+        .await
+        .expect("consumer info");
+    (info.delivered.stream_sequence, info.num_ack_pending)
+}
+
+async fn applied(db: &ScratchDb) -> i64 {
+    db.client
+        .query_one(
+            "SELECT coalesce(sum(applied_count), 0)::int8 FROM orders",
+            &[],
+        )
+        .await
+        .expect("sum")
+        .get(0)
+}
+
+async fn send(http: &Http, server: &Server, event_id: &str, order: i64) -> Answer {
+    let body = serde_json::to_vec(&serde_json::json!({
+        "id": event_id,
+        "type": "order.updated",
+        "data": {"object": {"id": order, "status": "paid"}}
+    }))
+    .expect("json");
+    post_stripe(http, server, body).await
+}
+
+async fn wait_for_applied(db: &ScratchDb, n: i64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = applied(db).await;
+        if got == n {
+            return;
+        }
+        assert!(got < n, "applied {got}, more than the {n} sent");
+        assert!(
+            Instant::now() < deadline,
+            "applied {got} of {n} in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn webhooks_flow_through_jetstream_into_postgres_once_each() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let queue = QueueName::new(&nats_url());
+    let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    for i in 0..30 {
+        let a = send(&http, &server, &format!("evt_nats_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    // Within JetStream's duplicate window: 200 duplicate, not queued twice.
+    let again = send(&http, &server, "evt_nats_3", 4).await;
+    assert_eq!(again.status, StatusCode::OK, "{:?}", again.body);
+    assert_eq!(again.json()["status"], "duplicate");
+    wait_for_applied(&db, 30, Duration::from_secs(20)).await;
+    let stats = queue_stats(&http, &server).await;
+    assert_eq!(stats["visible"], 0, "{stats}");
+    assert_eq!(stats["dead_lettered"], 0, "{stats}");
+}
+
+/// While the breaker is open no message is delivered to a worker, as the
+/// server itself counts it: nothing pending acknowledgement and the
+/// consumer's delivered sequence unchanged, for seconds, while webhooks
+/// keep arriving. Reset, everything is applied.
+#[tokio::test]
+async fn while_the_breaker_is_open_jetstream_delivers_nothing() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let queue = QueueName::new(&nats_url());
+    let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    let tripped = http
+        .post(
+            &server.admin_url("/breaker/trip?note=test"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    let (delivered_at_trip, _) = consumer_counts(&queue.url, &queue.name).await;
+    for i in 0..24 {
+        let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(125)).await;
+        let (delivered, ack_pending) = consumer_counts(&queue.url, &queue.name).await;
+        assert_eq!(ack_pending, 0, "a delivery while open");
+        assert_eq!(
+            delivered, delivered_at_trip,
+            "the consumer moved while open"
+        );
+    }
+    assert_eq!(applied(&db).await, 0);
+    let reset = http
+        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    wait_for_applied(&db, 24, Duration::from_secs(30)).await;
+}
+
+/// A NATS server of this test's own, on its own port and store.
+struct OwnNats {
+    child: Child,
+    port: u16,
+    store: tempfile::TempDir,
+}
+
+impl OwnNats {
+    fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let store = tempfile::tempdir().expect("store");
+        let child = Self::spawn(port, store.path());
+        Self { child, port, store }
+    }
+
+    fn spawn(port: u16, store: &std::path::Path) -> Child {
+        let child = Command::new("nats-server")
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("nats-server is needed for this test (Debian's nats-server): {e}")
+            });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nats-server did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn restart(&mut self) {
+        self.child = Self::spawn(self.port, self.store.path());
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The broker killed in the middle of a burst and started again: every
+/// webhook that got a 2xx is applied, each effect once, and while the
+/// broker was away the ingress refused with 503 (the sender retries),
+/// never a false 2xx.
+#[tokio::test]
+async fn a_broker_restart_mid_burst_loses_nothing_acknowledged() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let mut nats = OwnNats::start();
+    let queue = QueueName::new(&nats.url());
+    let queue_toml = format!("{}request_timeout_ms = 500\n", queue.toml());
+    let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..120 {
+        if i == 50 {
+            nats.kill();
+        }
+        if i == 60 {
+            nats.restart();
+        }
+        let event_id = format!("evt_restart_{i}");
+        let a = send(&http, &server, &event_id, 1 + i % 50).await;
+        match a.status {
+            StatusCode::ACCEPTED => accepted.push(event_id),
+            StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+            other => panic!("answered {other}: {:?}", a.body),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        refused > 0,
+        "the broker was down for 10 webhooks, none refused"
+    );
+    assert!(accepted.len() >= 100, "accepted only {}", accepted.len());
+    // Every acknowledged one is applied (a refused one may be too: a 503
+    // promises nothing either way, and the sender retries it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let missing: i64 = db
+            .client
+            .query_one(
+                "SELECT count(*) FROM unnest($1::text[]) AS e(id)
+                 WHERE NOT EXISTS (SELECT 1 FROM breakwater_inbox i WHERE i.event_id = e.id)",
+                &[&accepted],
+            )
+            .await
+            .expect("missing")
+            .get(0);
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} acknowledged webhooks never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Each effect once: as many applications as inbox rows.
+    let inbox: i64 = db
+        .client
+        .query_one("SELECT count(*) FROM breakwater_inbox", &[])
+        .await
+        .expect("inbox")
+        .get(0);
+    assert_eq!(applied(&db).await, inbox);
+}
