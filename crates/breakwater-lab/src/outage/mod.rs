@@ -62,6 +62,18 @@ pub enum Scenario {
     Poison,
 }
 
+/// Which queue backend holds the lab's webhooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LabBackend {
+    /// The embedded store, under --data-dir.
+    #[default]
+    Embedded,
+    /// NATS JetStream at --queue-url, on streams of the lab's own, removed
+    /// afterwards.
+    Nats,
+}
+
 /// Which consumers to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ModeChoice {
@@ -118,6 +130,12 @@ pub struct LabArgs {
     /// Most seconds to wait for the backlog after the load ends.
     #[arg(long, default_value_t = 90)]
     pub drain_timeout: u64,
+    /// Which queue backend holds the webhooks.
+    #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
+    pub backend: LabBackend,
+    /// The broker's address, for --backend nats.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub queue_url: String,
     /// Which consumers to run.
     #[arg(long, value_enum, default_value_t = ModeChoice::Both)]
     #[serde(skip)]
@@ -335,7 +353,16 @@ async fn run_mode_in(
         target.dbname
     );
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
-    let config = mode_config(mode, sink_url, queue_dir.clone());
+    let mut config = mode_config(mode, sink_url, queue_dir.clone());
+    let queue_name = format!("bwlab_{app}_{}", wall_ms());
+    if args.backend == LabBackend::Nats {
+        config.queue = breakwater::queue::QueueSection {
+            backend: "nats".to_owned(),
+            url: Some(args.queue_url.clone()),
+            name: Some(queue_name.clone()),
+            ..breakwater::queue::QueueSection::default()
+        };
+    }
     // Every apply the workers send is counted; the naive mode also retries
     // in the worker.
     let applies = Arc::new(AtomicU64::new(0));
@@ -494,6 +521,12 @@ async fn run_mode_in(
     running.shutdown().await;
     proxy.shutdown().await;
     let _ = std::fs::remove_dir_all(&queue_dir);
+    if args.backend == LabBackend::Nats
+        && let Err(e) =
+            breakwater_queue_nats::NatsQueue::destroy(&args.queue_url, &queue_name).await
+    {
+        tracing::warn!(error = %e, "the lab's NATS streams were not removed");
+    }
 
     // Totals, read from the database itself.
     let applied: i64 = direct

@@ -210,8 +210,9 @@ impl LabReport {
     pub fn headline(&self) -> String {
         let p = &self.params;
         format!(
-            "lab {:?}: {} webhooks/s for {} s, fault at {} s for {} s{}",
+            "lab {:?} on {:?}: {} webhooks/s for {} s, fault at {} s for {} s{}",
             self.scenario,
+            p.backend,
             p.rate,
             p.duration,
             p.fault_at,
