@@ -300,3 +300,55 @@ async fn a_broker_restart_mid_burst_loses_nothing_acknowledged() {
         .get(0);
     assert_eq!(applied(&db).await, inbox);
 }
+
+/// Poison on JetStream: each bad message reaches the DLQ stream with its
+/// reason, the good ones are applied, and the breaker does not move.
+#[tokio::test]
+async fn poison_reaches_the_dlq_stream_and_the_breaker_stays_closed() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let queue = QueueName::new(&nats_url());
+    let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    for i in 0..10 {
+        let a = send(&http, &server, &format!("evt_good_{i}"), 1 + i).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    for i in 0..4 {
+        // The orders table refuses this status: a constraint violation.
+        let body = serde_json::to_vec(&serde_json::json!({
+            "id": format!("evt_poison_{i}"),
+            "data": {"object": {"id": 20 + i, "status": "poison"}}
+        }))
+        .expect("json");
+        let a = post_stripe(&http, &server, body).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    wait_for_applied(&db, 10, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dlq = loop {
+        let list = http.get(&server.admin_url("/dlq")).await.json();
+        if list["items"].as_array().map_or(0, Vec::len) == 4 {
+            break list;
+        }
+        assert!(Instant::now() < deadline, "DLQ: {list}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for item in dlq["items"].as_array().into_iter().flatten() {
+        assert_eq!(item["class"], "permanent", "{item}");
+        assert!(
+            item["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("constraint")),
+            "{item}"
+        );
+    }
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
+    assert_eq!(
+        view["breaker"]["history"].as_array().map(Vec::len),
+        Some(0),
+        "{view}"
+    );
+}

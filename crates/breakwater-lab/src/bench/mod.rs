@@ -118,6 +118,13 @@ pub struct IngressBenchArgs {
     /// this machine. The first also runs at half its peak.
     #[arg(long)]
     pub floor: bool,
+    /// Which queue backend the ingress enqueues onto (the floor needs the
+    /// embedded one).
+    #[arg(long, value_enum, default_value_t = crate::outage::LabBackend::Embedded, conflicts_with = "floor")]
+    pub backend: crate::outage::LabBackend,
+    /// The broker's address, for --backend nats.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub queue_url: String,
 }
 
 /// The threads whose CPU time per request the report shows: the server
@@ -570,7 +577,16 @@ pub fn run_ingress_bench(
     let bare_addr = server_rt.block_on(start_bare_hyper())?;
     let dir = args.data_dir.join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let config = bench_config(&dir);
+    let mut config = bench_config(&dir);
+    let queue_name = format!("bwbench_{}", std::process::id());
+    if args.backend == crate::outage::LabBackend::Nats {
+        config.queue = breakwater::queue::QueueSection {
+            backend: "nats".to_owned(),
+            url: Some(args.queue_url.clone()),
+            name: Some(queue_name.clone()),
+            ..breakwater::queue::QueueSection::default()
+        };
+    }
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
     let addr = running.ingress_addr.context("the ingress did not start")?;
     let path = format!("/webhooks/{SOURCE}");
@@ -664,6 +680,12 @@ pub fn run_ingress_bench(
 
     server_rt.block_on(running.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
+    if args.backend == crate::outage::LabBackend::Nats {
+        let _ = server_rt.block_on(breakwater_queue_nats::NatsQueue::destroy(
+            &args.queue_url,
+            &queue_name,
+        ));
+    }
 
     eprintln!("phase 4/4: bare hyper at {half:.0} req/s");
     let bare_half_rate =

@@ -92,6 +92,11 @@ pub struct LaneSettings {
     pub park_cap: Duration,
     /// Delay of a message released because too many are held.
     pub overflow_delay: Duration,
+    /// Hold a parked key's messages in memory (within `max_held` and
+    /// `max_held_per_key`) until its park ends, instead of handing them
+    /// back: for a queue that cannot leave a key's messages queued, where
+    /// handing them back only brings them back at the next claim.
+    pub hold_parked: bool,
 }
 
 impl Default for LaneSettings {
@@ -103,6 +108,7 @@ impl Default for LaneSettings {
             park_base: Duration::from_millis(500),
             park_cap: Duration::from_secs(4),
             overflow_delay: Duration::from_millis(200),
+            hold_parked: false,
         }
     }
 }
@@ -180,23 +186,75 @@ impl<T> Lanes<T> {
         if let Some(park) = self.parked.get(key)
             && park.until > now
         {
-            return Admit::Release(item, park.until - now);
+            let remaining = park.until - now;
+            return if self.settings.hold_parked && self.has_room(key) {
+                self.hold(key, item)
+            } else {
+                Admit::Release(item, remaining)
+            };
         }
         let running = self.running.get(key).copied().unwrap_or(0);
         if running < self.settings.per_key {
             *self.running.entry(key.to_owned()).or_insert(0) += 1;
             return Admit::Run(item);
         }
-        let behind_key = self.waiting.get(key).map_or(0, VecDeque::len);
-        if self.held >= self.settings.max_held || behind_key >= self.settings.max_held_per_key {
+        if !self.has_room(key) {
             return Admit::Release(item, self.settings.overflow_delay);
         }
+        self.hold(key, item)
+    }
+
+    /// Whether one more message of `key` may wait in memory.
+    fn has_room(&self, key: &str) -> bool {
+        let behind_key = self.waiting.get(key).map_or(0, VecDeque::len);
+        self.held < self.settings.max_held && behind_key < self.settings.max_held_per_key
+    }
+
+    fn hold(&mut self, key: &str, item: T) -> Admit<T> {
         self.waiting
             .entry(key.to_owned())
             .or_default()
             .push_back(item);
         self.held += 1;
         Admit::Held
+    }
+
+    /// Up to `max` held messages that may run now: of keys whose park has
+    /// ended and whose lane has room (with `hold_parked`, nothing else
+    /// starts them). Each is counted as running.
+    pub fn due(&mut self, now: Instant, max: usize) -> Vec<T> {
+        let mut out = Vec::new();
+        if max == 0 || self.held == 0 {
+            return out;
+        }
+        let ready: Vec<String> = self
+            .waiting
+            .keys()
+            .filter(|k| {
+                let parked = self.parked.get(*k).is_some_and(|p| p.until > now);
+                !parked && self.running.get(*k).copied().unwrap_or(0) < self.settings.per_key
+            })
+            .cloned()
+            .collect();
+        for key in ready {
+            while out.len() < max
+                && self.running.get(&key).copied().unwrap_or(0) < self.settings.per_key
+            {
+                let Some(queue) = self.waiting.get_mut(&key) else {
+                    break;
+                };
+                let Some(item) = queue.pop_front() else {
+                    break;
+                };
+                if queue.is_empty() {
+                    self.waiting.remove(&key);
+                }
+                self.held -= 1;
+                *self.running.entry(key.clone()).or_insert(0) += 1;
+                out.push(item);
+            }
+        }
+        out
     }
 
     /// A running message of `key` ended with `outcome`.
@@ -230,8 +288,11 @@ impl<T> Lanes<T> {
                     },
                 );
                 next.parked_for = Some(park);
-                // Everything waiting behind the locked row goes back untried.
-                if let Some(queue) = self.waiting.remove(key) {
+                // Everything waiting behind the locked row goes back
+                // untried (or, with `hold_parked`, waits out the park).
+                if !self.settings.hold_parked
+                    && let Some(queue) = self.waiting.remove(key)
+                {
                     self.held -= queue.len();
                     next.release.extend(queue.into_iter().map(|t| (t, park)));
                 }
@@ -479,5 +540,29 @@ mod tests {
         });
         assert_eq!(l.admit(Some("k"), 1, t), Admit::Run(1));
         assert_eq!(l.admit(Some("k"), 2, t), Admit::Run(2));
+    }
+
+    #[test]
+    fn held_through_a_park_and_started_when_it_ends() {
+        let mut l = Lanes::new(LaneSettings {
+            hold_parked: true,
+            ..LaneSettings::default()
+        });
+        let t = Instant::now();
+        assert!(matches!(l.admit(Some("hot"), 1, t), Admit::Run(1)));
+        assert!(matches!(l.admit(Some("hot"), 2, t), Admit::Held));
+        let next = l.finish(Some("hot"), LaneOutcome::LockFailure, t);
+        assert!(next.release.is_empty(), "kept through the park");
+        // Parked: a new one is held too, and nothing is due yet.
+        assert!(matches!(l.admit(Some("hot"), 3, t), Admit::Held));
+        assert!(l.due(t, 10).is_empty());
+        assert_eq!(l.held(), 2);
+        // The park ends: one at a time per key.
+        let after = t + Duration::from_secs(1);
+        assert_eq!(l.due(after, 10), vec![2]);
+        assert!(l.due(after, 10).is_empty(), "the lane is busy");
+        let next = l.finish(Some("hot"), LaneOutcome::Success, after);
+        assert_eq!(next.run, vec![3]);
+        assert_eq!(l.held(), 0);
     }
 }

@@ -60,6 +60,10 @@ pub const SHUTDOWN_GRACE: Duration = if cfg!(test) {
 /// Lease extensions go out every third of a lease, but no more often than
 /// this.
 const EXTEND_AT_MOST_EVERY: Duration = Duration::from_millis(100);
+/// Messages the lanes may hold in memory on a queue that cannot filter by
+/// key (a quarter of them behind one key): a hot key's backlog waits here,
+/// leased, instead of coming back at every claim.
+const HELD_WITHOUT_FILTER: usize = 4096;
 /// Pause when the queue has nothing visible.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Delay of a message that could not be a probe (its key busy or parked,
@@ -174,6 +178,17 @@ async fn apply_once(
     result
 }
 
+/// The delay of a message a lane hands back (its key parked, or too many
+/// held behind it) on a queue that cannot leave a key's messages queued:
+/// doubled with each time it was handed out, up to `cap`. A hot key's
+/// backlog then comes back less and less often instead of taking every
+/// claim from the keys that can run (900 held-back messages released
+/// every 200 ms would be 4,500 deliveries a second).
+fn spread_release(delay: Duration, receives: u32, cap: Duration) -> Duration {
+    let doublings = receives.saturating_sub(1).min(8);
+    delay.saturating_mul(1 << doublings).min(cap.max(delay))
+}
+
 /// Parked keys, shared with the admin API.
 pub type ParkedKeys = Arc<Mutex<Vec<ParkedKey>>>;
 
@@ -193,6 +208,17 @@ impl Workers {
         settings: WorkerSettings,
         parked: ParkedKeys,
     ) -> Self {
+        let filters_keys = queue.capabilities().filters_keys;
+        let mut settings = settings;
+        if !filters_keys {
+            // The queue cannot leave a hot key's messages queued: hold them
+            // in memory (their leases extended) rather than hand them back
+            // to come again at the next claim.
+            settings.lanes.hold_parked = true;
+            settings.lanes.max_held = settings.lanes.max_held.max(HELD_WITHOUT_FILTER);
+            settings.lanes.max_held_per_key =
+                settings.lanes.max_held_per_key.max(HELD_WITHOUT_FILTER / 4);
+        }
         let (stop, stop_rx) = watch::channel(false);
         let dispatcher = Dispatcher {
             queue,
@@ -206,6 +232,7 @@ impl Workers {
             rng: SmallRng::from_os_rng(),
             parked: Arc::clone(&parked),
             flow_set_for: None,
+            filters_keys,
         };
         let task = tokio::spawn(dispatcher.run(stop_rx));
         Self { stop, task }
@@ -233,6 +260,10 @@ struct Dispatcher {
     parked: ParkedKeys,
     /// The gate generation the queue's flow was last set for.
     flow_set_for: Option<u32>,
+    /// Whether the queue leaves a skipped key's messages queued; if not,
+    /// what a lane cannot run comes back, and comes back less often each
+    /// time ([`spread_release`]).
+    filters_keys: bool,
 }
 
 impl Dispatcher {
@@ -261,7 +292,14 @@ impl Dispatcher {
             // they hold (per key and in all) and release the rest, and a
             // claim that starts nothing waits before the next one.
             let limit = gate.limit.min(self.settings.max_concurrency) as usize;
-            let free = limit.saturating_sub(self.running.len());
+            let mut free = limit.saturating_sub(self.running.len());
+            if free > 0 && !gate.probe_only {
+                // Held messages whose key's park ended go first.
+                for job in self.lanes.due(Instant::now(), free) {
+                    self.spawn_apply(job);
+                }
+                free = limit.saturating_sub(self.running.len());
+            }
             if free == 0 {
                 self.wait(&mut stop, IDLE_WAIT).await;
                 continue;
@@ -362,6 +400,15 @@ impl Dispatcher {
             Admit::Held => {}
             Admit::Release(job, delay) => {
                 metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => "released").increment(1);
+                let delay = if self.filters_keys {
+                    delay
+                } else {
+                    spread_release(
+                        delay,
+                        job.delivery.message.receives,
+                        self.settings.lanes.park_cap,
+                    )
+                };
                 self.release(job.delivery.receipt, delay);
             }
         }
@@ -703,6 +750,19 @@ mod tests {
         fn pool_usage(&self) -> (usize, usize) {
             (1, 1)
         }
+    }
+
+    #[test]
+    fn a_handed_back_message_comes_back_less_often_each_time() {
+        let cap = Duration::from_secs(4);
+        let base = Duration::from_millis(200);
+        assert_eq!(spread_release(base, 1, cap), base);
+        assert_eq!(spread_release(base, 2, cap), base * 2);
+        assert_eq!(spread_release(base, 4, cap), base * 8);
+        assert_eq!(spread_release(base, 40, cap), cap);
+        // A park longer than the cap is kept as it is.
+        let park = Duration::from_secs(6);
+        assert_eq!(spread_release(park, 1, cap), park);
     }
 
     #[tokio::test]
