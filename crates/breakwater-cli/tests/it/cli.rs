@@ -122,7 +122,7 @@ fn bench_ingress_runs_every_phase_without_errors() {
     );
     for phase in [
         "1: bare hyper (200 ok)",
-        "1: breakwater (verify+fsync)",
+        "1: breakwater (verify+durable)",
         "1: floor, own thread",
         "1: floor, leader",
         "breakwater at 1/2 peak",

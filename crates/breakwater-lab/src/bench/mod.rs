@@ -385,7 +385,10 @@ impl fmt::Display for IngressBenchReport {
         for (i, round) in self.rounds.iter().enumerate() {
             let n = i + 1;
             rows.push((format!("{n}: bare hyper (200 ok)"), &round.bare));
-            rows.push((format!("{n}: breakwater (verify+fsync)"), &round.breakwater));
+            rows.push((
+                format!("{n}: breakwater (verify+durable)"),
+                &round.breakwater,
+            ));
             if let Some(floor) = &round.floor {
                 rows.push((format!("{n}: floor, own thread"), floor));
             }
