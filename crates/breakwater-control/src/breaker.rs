@@ -529,6 +529,17 @@ impl<A: ProbeAdmission> Breaker<A> {
         })
     }
 
+    /// The dependency answered a reachability check while the breaker is
+    /// open for failures a check can clear (it could not be reached:
+    /// refused, reset, unresolvable; the caller tells): the cool-down ends
+    /// at once and probes confirm it, instead of a recovered database
+    /// waiting out a cool-down that grew while it was away. A manual
+    /// override or an unreachable hold keeps the breaker where it is.
+    pub fn dependency_answers(&mut self, now: Instant) -> Option<Transition> {
+        (self.state == State::Open && self.manual.is_none() && self.unreachable.is_none())
+            .then(|| self.go(State::HalfOpen, Reason::Reachable, now))
+    }
+
     /// Why the dependency cannot be reached, while the breaker is held open
     /// for it.
     pub fn unreachable(&self) -> Option<&str> {

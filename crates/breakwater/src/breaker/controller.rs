@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | 100 ms | worker heartbeats (which slots are applying, for how long) | `observe_heartbeats` |
 //! | 1 s | queue counts (own task) | `observe_queue` |
-//! | 1 s | database lock waiters, `pg_stat_activity` (own task) | `observe_db_lock_waiters` |
+//! | 1 s | database lock waiters, `pg_stat_activity` (own task); an answer while the breaker is open for connection failures ends the cool-down | `observe_db_lock_waiters`, `dependency_answers` |
 //! | 100 ms | evaluation | `evaluate` |
 //!
 //! The two 1 s samples run in their own task so that a queue or database
@@ -25,6 +25,7 @@
 //! row lock (the database's own view, from `pg_stat_activity`, is the
 //! separate lock-waiters signal).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,9 @@ use crate::telemetry;
 pub const LOCK_WAIT_AFTER: Duration = Duration::from_millis(250);
 const TICK: Duration = Duration::from_millis(100);
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// Dependency failures whose kinds are kept (see
+/// [`Controller::note_dependency_failure`]).
+const FAILURE_KINDS_KEPT: usize = 32;
 /// Pause before storing the breaker's record again after the store failed.
 const SHARE_RETRY: Duration = Duration::from_secs(1);
 
@@ -155,6 +159,9 @@ pub struct Controller {
     record: watch::Sender<Option<BreakerRecord>>,
     /// Recent lock timeouts by key: one hot key's, or the database's.
     contention: Mutex<KeyContention>,
+    /// Whether each of the latest dependency failures was a connection
+    /// failure (refused, reset, lost, unresolvable), newest last.
+    failure_kinds: Mutex<VecDeque<bool>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -190,6 +197,7 @@ impl Controller {
             probe_ttl,
             record: watch::channel(None).0,
             contention: Mutex::new(KeyContention::default()),
+            failure_kinds: Mutex::new(VecDeque::with_capacity(FAILURE_KINDS_KEPT)),
         };
         controller.publish_gauges();
         Ok(Arc::new(controller))
@@ -224,6 +232,45 @@ impl Controller {
         if let Some(slot) = probe.and_then(|p| p.slot) {
             self.give_back(slot);
         }
+        if let Some(t) = t {
+            self.announce(&t);
+        }
+    }
+
+    /// Notes the kind of a dependency failure (the sink's `kind`), so an
+    /// open breaker knows whether a reachability check can end its
+    /// cool-down.
+    pub fn note_dependency_failure(&self, kind: &str) {
+        let mut kinds = self
+            .failure_kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kinds.len() == FAILURE_KINDS_KEPT {
+            kinds.pop_front();
+        }
+        kinds.push_back(kind == "connection");
+    }
+
+    /// Whether the latest dependency failures say the database could not
+    /// be reached (at least 5 of them, 80% connection failures): a cause a
+    /// reachability check can clear, unlike lock or statement timeouts.
+    fn unreachable_cause(&self) -> bool {
+        let kinds = self
+            .failure_kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let connection = kinds.iter().filter(|c| **c).count();
+        kinds.len() >= 5 && connection * 5 >= kinds.len() * 4
+    }
+
+    /// The database answered the sampler's own session: if the breaker is
+    /// open because the database could not be reached, its cool-down ends
+    /// now (half-open, probes confirm it).
+    fn database_answered(&self) {
+        if self.gate().state != State::Open || !self.unreachable_cause() {
+            return;
+        }
+        let t = self.breaker().dependency_answers(Instant::now());
         if let Some(t) = t {
             self.announce(&t);
         }
@@ -570,6 +617,10 @@ impl Controller {
                 .last_lock_waiters
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot.waiting);
+            // The sampler's own session reached the database: a cheap
+            // reachability check, adding no load to a database that is
+            // down.
+            self.database_answered();
         }
     }
 }
@@ -728,5 +779,34 @@ mod tests {
         }
         let _ = stop.send(true);
         sharer.await.expect("sharer");
+    }
+
+    /// A breaker opened by failures of `kind`, with a long cool-down.
+    fn opened_by(kind: &str) -> Arc<Controller> {
+        let mut config = BreakerConfig::default();
+        config.failure_ratio.min_calls = 5;
+        config.cool_down.base_ms = 60_000;
+        config.cool_down.cap_ms = 60_000;
+        let c = Controller::new(config, 4).expect("controller");
+        for _ in 0..10 {
+            c.note_dependency_failure(kind);
+            c.record(Outcome::dependency(Duration::from_millis(5)), None);
+        }
+        c.evaluate();
+        assert_eq!(c.gate().state, State::Open);
+        c
+    }
+
+    #[test]
+    fn a_database_that_answers_again_ends_a_cool_down_only_if_it_was_unreachable() {
+        let c = opened_by("connection");
+        c.database_answered();
+        let status = c.status();
+        assert_eq!(status.state, State::HalfOpen, "{:?}", status.message);
+
+        // Lock timeouts: the database answering says nothing of them.
+        let c = opened_by("lock_timeout");
+        c.database_answered();
+        assert_eq!(c.gate().state, State::Open);
     }
 }

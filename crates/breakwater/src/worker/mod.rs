@@ -174,6 +174,9 @@ async fn apply_once(
         }
         Err(_) => OutcomeClass::Dependency,
     };
+    if let (OutcomeClass::Dependency, Err(e)) = (class, &result) {
+        controller.note_dependency_failure(e.kind);
+    }
     controller.record(Outcome { class, latency }, job.probe);
     result
 }
