@@ -124,22 +124,33 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
 }
 
 fn spawn_server(
+    name: &'static str,
     listener: TcpListener,
     router: axum::Router,
-    mut stop: watch::Receiver<bool>,
+    limits: crate::http::ServerLimits,
+    stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "server stopped with an error");
-        }
-    })
+    tokio::spawn(crate::http::serve(name, listener, router, limits, stop))
 }
+
+/// The ingress listener's limits.
+fn ingress_limits(config: &Config) -> crate::http::ServerLimits {
+    let i = &config.ingress;
+    crate::http::ServerLimits {
+        max_connections: i.max_connections,
+        header_timeout: Duration::from_millis(i.header_timeout_ms),
+        request_timeout: Duration::from_millis(i.request_timeout_ms),
+        max_in_flight: i.max_in_flight,
+    }
+}
+
+/// The admin listener's limits: an operator's few clients.
+const ADMIN_LIMITS: crate::http::ServerLimits = crate::http::ServerLimits {
+    max_connections: 256,
+    header_timeout: Duration::from_secs(10),
+    request_timeout: Duration::from_secs(30),
+    max_in_flight: 64,
+};
 
 /// How often the metrics recorder folds its pending histogram samples into
 /// their summaries.
@@ -347,7 +358,13 @@ pub async fn start_with(
             ingress = ingress.with_apply_status(Arc::clone(controller) as Arc<dyn ApplyStatus>);
         }
         let router = ingress.router();
-        tasks.push(spawn_server(listener, router, stop_rx.clone()));
+        tasks.push(spawn_server(
+            "ingress",
+            listener,
+            router,
+            ingress_limits(config),
+            stop_rx.clone(),
+        ));
         tracing::info!(%addr, sources = sources.len(), "ingress listening: POST /webhooks/{{source}}");
         if sources.is_empty() {
             tracing::warn!("no [[source]] configured: every webhook will answer 404");
@@ -379,8 +396,10 @@ pub async fn start_with(
         parked: parked.clone(),
     };
     tasks.push(spawn_server(
+        "admin",
         admin_listener,
         admin.router(),
+        ADMIN_LIMITS,
         stop_rx.clone(),
     ));
     tracing::info!(addr = %admin_addr, "admin listening: /metrics /queue/stats /breaker");

@@ -7,6 +7,9 @@
 /// Webhooks received, by `source` and `outcome`
 /// (accepted, duplicate, unauthorized, stale, too_large, unavailable).
 pub const INGRESS_REQUESTS: &str = "breakwater_ingress_requests_total";
+/// Connections closed at accept because the listener had its most, by
+/// `listener` (ingress, admin).
+pub const HTTP_CONNECTIONS_REFUSED: &str = "breakwater_http_connections_refused_total";
 /// Time from request to answer for accepted webhooks, in seconds.
 pub const INGRESS_SECONDS: &str = "breakwater_ingress_request_seconds";
 /// The embedded queue's own: group commit time and size, enqueue wait, the

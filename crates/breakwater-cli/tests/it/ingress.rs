@@ -341,3 +341,78 @@ async fn the_admin_api_lists_dead_letters_through_the_queue_contract() {
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert_eq!(missing.json()["error"], "not_found");
 }
+
+/// Slow clients are cut off: hundreds of connections that never finish
+/// their request head are closed by the header timeout, a body trickled a
+/// byte at a time gets 408 at the request deadline, and a real webhook sent
+/// meanwhile is answered at once.
+#[tokio::test]
+async fn slow_clients_are_cut_off_and_real_webhooks_still_get_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sandbox =
+        Sandbox::with_ingress("header_timeout_ms = 1000\nrequest_timeout_ms = 1500\n", "");
+    let server = sandbox.start_ingress();
+    let http = Http::default();
+
+    let mut slow = Vec::new();
+    for _ in 0..500 {
+        let mut s = tokio::net::TcpStream::connect(server.ingress)
+            .await
+            .expect("connect");
+        s.write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .expect("half a head");
+        slow.push(s);
+    }
+    let started = std::time::Instant::now();
+    let a = post_stripe(&http, &server, stripe_event("evt_amid_slow", "7")).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "a real webhook waited {:?} behind slow clients",
+        started.elapsed()
+    );
+
+    // A body trickled a byte at a time: 408 at the request deadline.
+    let mut trickle = tokio::net::TcpStream::connect(server.ingress)
+        .await
+        .expect("connect");
+    trickle
+        .write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        .await
+        .expect("head");
+    let trickling = tokio::spawn(async move {
+        for _ in 0..100 {
+            if trickle.write_all(b"x").await.is_err() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        trickle
+    });
+
+    // Past the header timeout every half-sent connection was closed.
+    tokio::time::sleep(std::time::Duration::from_millis(1800)).await;
+    let mut closed = 0;
+    for s in &mut slow {
+        let mut buf = [0u8; 256];
+        match tokio::time::timeout(std::time::Duration::from_millis(200), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            Ok(Ok(_)) => closed += 1, // an error answer, then the close
+            Err(_) => {}
+        }
+    }
+    assert_eq!(closed, 500, "half-sent connections left open");
+
+    let mut trickle = trickling.await.expect("join");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        trickle.read_to_end(&mut answer),
+    )
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"timeout\""), "{answer}");
+    assert_eq!(visible(&http, &server).await, 1, "only the real webhook");
+}

@@ -108,6 +108,16 @@ pub struct Config {
 pub struct IngressConfig {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
+    /// Connections open at once; one more is closed at accept.
+    pub max_connections: usize,
+    /// A request head (and the next one on a kept-alive connection) must
+    /// arrive within this, or the connection is closed, in milliseconds.
+    pub header_timeout_ms: u64,
+    /// The body and the handling of one request within this, or 408, in
+    /// milliseconds.
+    pub request_timeout_ms: u64,
+    /// Requests handled at once; more answer 503 with `Retry-After`.
+    pub max_in_flight: usize,
 }
 
 impl Default for IngressConfig {
@@ -115,6 +125,10 @@ impl Default for IngressConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 1024 * 1024,
+            max_connections: 10_000,
+            header_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_in_flight: 4096,
         }
     }
 }

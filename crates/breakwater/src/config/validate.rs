@@ -49,6 +49,22 @@ impl Config {
                 ConfigError::invalid(format!("breaker.{key}"), problem)
             }
         })?;
+        for (key, value) in [
+            (
+                "ingress.max_connections",
+                self.ingress.max_connections as u64,
+            ),
+            ("ingress.header_timeout_ms", self.ingress.header_timeout_ms),
+            (
+                "ingress.request_timeout_ms",
+                self.ingress.request_timeout_ms,
+            ),
+            ("ingress.max_in_flight", self.ingress.max_in_flight as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::invalid(key, "must be at least 1"));
+            }
+        }
         if self.ingress.max_body_bytes == 0 {
             return Err(ConfigError::invalid(
                 "ingress.max_body_bytes",

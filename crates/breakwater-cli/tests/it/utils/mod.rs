@@ -81,16 +81,21 @@ impl Sandbox {
     /// with listeners on port 0 and data under the sandbox. The default
     /// sink is SQLite under the sandbox.
     pub fn new(extra: &str) -> Self {
-        Self::with_queue_of(None, extra)
+        Self::build("", None, extra)
     }
 
     /// A sandbox whose `[queue]` table is `queue` (a broker's) instead of
     /// the embedded store under the sandbox.
     pub fn with_queue(queue: &str, extra: &str) -> Self {
-        Self::with_queue_of(Some(queue), extra)
+        Self::build("", Some(queue), extra)
     }
 
-    fn with_queue_of(queue: Option<&str>, extra: &str) -> Self {
+    /// A sandbox with `ingress` lines added to its `[ingress]` table.
+    pub fn with_ingress(ingress: &str, extra: &str) -> Self {
+        Self::build(ingress, None, extra)
+    }
+
+    fn build(ingress: &str, queue: Option<&str>, extra: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("bw-it-")
             .tempdir_in(std::env::temp_dir())
@@ -105,6 +110,7 @@ impl Sandbox {
 [ingress]
 listen = "127.0.0.1:0"
 max_body_bytes = 4096
+{ingress}
 
 [admin]
 listen = "127.0.0.1:0"
