@@ -124,12 +124,19 @@ pub fn redact_url(url: &str) -> String {
     let mut out = String::with_capacity(url.len());
     let mut tail = rest;
     out.push_str(&url[..start]);
-    if let Some(first) = rest
+    // Where the user info ends, as libpq reads it (the last `@` of the
+    // authority) and as tokio-postgres does (the first `@` anywhere): the
+    // later of the two, so whatever either driver would send as a
+    // password is hidden.
+    let libpq = rest
         .find(['@', '/'])
         .filter(|&i| rest[i..].starts_with('@'))
-    {
-        let authority_end = rest[first..].find('/').map_or(rest.len(), |i| first + i);
-        let at = rest[..authority_end].rfind('@').unwrap_or(first);
+        .map(|first| {
+            let authority_end = rest[first..].find('/').map_or(rest.len(), |i| first + i);
+            rest[..authority_end].rfind('@').unwrap_or(first)
+        });
+    let tokio_postgres = rest.find('@');
+    if let Some(at) = libpq.max(tokio_postgres) {
         let userinfo = &rest[..at];
         match userinfo.find(':') {
             Some(colon) => {
@@ -147,7 +154,10 @@ pub fn redact_url(url: &str) -> String {
             let params: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                    Some((key, _))
+                        if key.eq_ignore_ascii_case("password")
+                            || key.eq_ignore_ascii_case("sslpassword") =>
+                    {
                         format!("{key}=<redacted>")
                     }
                     _ => pair.to_owned(),
@@ -205,9 +215,22 @@ mod tests {
             redact_url("postgres://bw:p@s?s@db:5432/app?application_name=a@b"),
             "postgres://bw:<redacted>@db:5432/app?application_name=a@b"
         );
+        // tokio-postgres reads the user info up to the first `@`, so here
+        // it would send "b" as the password: hidden.
         assert_eq!(
             redact_url("postgres://db/app?application_name=a:b@c"),
-            "postgres://db/app?application_name=a:b@c"
+            "postgres://db/app?application_name=a:<redacted>@c"
+        );
+        // A `/` in the password: the driver still reads it as one.
+        let driver: tokio_postgres::Config = "postgres://u:ab/cd@host/db".parse().expect("url");
+        assert_eq!(driver.get_password(), Some(&b"ab/cd"[..]));
+        assert_eq!(
+            redact_url("postgres://u:ab/cd@host/db"),
+            "postgres://u:<redacted>@host/db"
+        );
+        assert_eq!(
+            redact_url("postgres://u@host/db?sslpassword=k3y&sslmode=require"),
+            "postgres://u@host/db?sslpassword=<redacted>&sslmode=require"
         );
         assert_eq!(
             redact_url("postgres://bw@db/app?sslmode=require&password=hunter2"),

@@ -240,3 +240,26 @@ fn config_is_taken_only_where_it_is_read_and_options_are_described() {
         }
     }
 }
+
+/// A password with a `/` in it (which the driver reads as a password) and
+/// an `sslpassword` are never printed by `config check`.
+#[test]
+fn config_check_hides_every_password_the_driver_would_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "[sink]\nurl = \"postgres://u:ab/cd@127.0.0.1/db?sslpassword=k3y\"\n",
+    )
+    .expect("write");
+    let out = breakwater(&["config", "check", "--config", path.to_str().expect("utf8")]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!shown.contains("ab/cd"), "{shown}");
+    assert!(!shown.contains("k3y"), "{shown}");
+    assert!(shown.contains("<redacted>"), "{shown}");
+}

@@ -416,3 +416,37 @@ async fn slow_clients_are_cut_off_and_real_webhooks_still_get_through() {
     assert!(answer.contains("\"timeout\""), "{answer}");
     assert_eq!(visible(&http, &server).await, 1, "only the real webhook");
 }
+
+/// A web page the operator opens cannot drive the admin API through the
+/// browser: a cross-site form POST to `/breaker/trip` is refused and the
+/// breaker does not move; a rebound host name is refused too.
+#[tokio::test]
+async fn the_admin_api_refuses_what_a_browser_could_be_made_to_send() {
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    let http = Http::default();
+    let trip = server.admin_url("/breaker/trip?ttl_secs=31536000");
+    for headers in [
+        vec![(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        )],
+        vec![(
+            http::header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        )],
+        vec![(
+            http::header::HOST,
+            HeaderValue::from_static("evil.example:9090"),
+        )],
+    ] {
+        let refused = http.post(&trip, &headers, Vec::new()).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{headers:?}");
+        assert_eq!(refused.json()["error"], "forbidden");
+    }
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
+    // The CLI's own request still works.
+    let ok = http.post(&trip, &[], Vec::new()).await;
+    assert_eq!(ok.status, StatusCode::OK, "{:?}", ok.body);
+}

@@ -17,11 +17,16 @@
 //! one): its `/breaker` says the breaker runs with the workers, and trip
 //! and reset answer 409 `no_breaker`.
 //!
+//! Requests a browser could be made to send are refused ([`guard`]: a
+//! cross-site write, a form's content type, a `Host` that is not this
+//! loopback listener when no token is set).
+//!
 //! When `[admin] token` is set every request needs
 //! `Authorization: Bearer <token>` (required by `config check` when the
 //! listener is not on loopback).
 
 pub mod client;
+mod guard;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +54,8 @@ pub struct Admin {
     pub controller: Option<Arc<Controller>>,
     /// Hot keys parked by the lanes (workers role only).
     pub parked: Option<ParkedKeys>,
+    /// The port the listener is bound to (the `Host` check's).
+    pub port: u16,
 }
 
 /// Most dead letters one `GET /dlq` returns.
@@ -87,6 +94,14 @@ fn queue_error(e: &QueueError) -> Response {
 }
 
 async fn authorize(State(admin): State<Arc<Admin>>, request: Request, next: Next) -> Response {
+    if let Some(why) = guard::refuse(
+        request.method(),
+        request.headers(),
+        admin.port,
+        admin.token.is_some(),
+    ) {
+        return error(StatusCode::FORBIDDEN, "forbidden", why);
+    }
     if let Some(token) = &admin.token {
         let presented = request
             .headers()
