@@ -391,7 +391,8 @@ pub(crate) fn parse_body(body: &[u8]) -> Option<Value> {
 /// text (invalid UTF-8 replaced), so a non-JSON payload is never stored as
 /// NULL.
 pub(crate) fn body_as_json_string(body: &[u8]) -> Value {
-    Value::String(String::from_utf8_lossy(body).into_owned())
+    // A NUL byte would come out as `\u0000`, which jsonb refuses.
+    Value::String(String::from_utf8_lossy(body).replace('\0', "\u{FFFD}"))
 }
 
 /// Looks a header up case-insensitively; the first one wins.

@@ -260,6 +260,14 @@ async fn new_then_duplicate_applies_once_with_converted_types() {
         .expect("inbox row")
         .get(0);
     assert_eq!(payload.as_deref(), Some("not json"));
+    // A signed body spelling a NUL (`\u0000`), which jsonb refuses, is
+    // still applied; the inbox keeps it as a JSON string.
+    let ev = event("plain", "evt_nul", "1043", &h, br#"{"note":"a\u0000b"}"#);
+    assert_eq!(
+        sink.apply(&ev).await.expect("a NUL in the payload"),
+        Applied::New
+    );
+    assert_eq!(hits(&c, 1043).await, 2);
     // A source without statements records the event only.
     let ev = event("unknown", "evt_3", "1043", &h, b"{}");
     assert_eq!(sink.apply(&ev).await.expect("no statements"), Applied::New);

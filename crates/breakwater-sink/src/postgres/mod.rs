@@ -96,6 +96,12 @@ SELECT (SELECT count(*) FROM waiting)::int4,
                  FROM waiting, unnest(pg_blocking_pids(waiting.pid)) AS b),
                 '{}')::int4[]";
 
+/// Whether a JSON body spells a NUL character (`\u0000`), which a jsonb
+/// value cannot hold.
+fn holds_nul_escape(body: &[u8]) -> bool {
+    body.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000"))
+}
+
 /// The PostgreSQL sink.
 pub(crate) struct PgSink {
     pool: Pool,
@@ -371,11 +377,13 @@ impl Sink for PgSink {
             .checked_mul(rounds)
             .unwrap_or(Duration::from_secs(3600))
             .saturating_add(Duration::from_secs(1));
-        // A body that is not JSON is kept as a JSON string, never as NULL.
+        // A body that is not JSON is kept as a JSON string, never as NULL;
+        // so is one holding `\u0000`, which jsonb refuses although the
+        // issuer signed it (statements still get the parsed JSON).
         let raw;
         let payload = match json.as_ref() {
-            Some(doc) => doc,
-            None => {
+            Some(doc) if !holds_nul_escape(event.body) => doc,
+            _ => {
                 raw = crate::statement::body_as_json_string(event.body);
                 &raw
             }

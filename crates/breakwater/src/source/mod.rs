@@ -38,6 +38,9 @@ const KEPT_HEADERS: &[&str] = &[
 pub enum Extractor {
     Json(Pointer),
     Header(HeaderName),
+    /// The first of these headers that is present (Standard Webhooks'
+    /// `webhook-id`, or Svix's `svix-id`).
+    FirstHeader(Vec<HeaderName>),
 }
 
 impl Extractor {
@@ -166,6 +169,12 @@ impl Source {
             (Some(spec), _) => Some(parse(spec)?),
             // Stripe puts the event id in the body.
             (None, SchemeName::Stripe) => Some(parse("json:/id")?),
+            // Standard Webhooks senders name it `webhook-id`, Svix's
+            // `svix-id`; the verifier accepts both sets of headers.
+            (None, SchemeName::Standard) => Some(Extractor::FirstHeader(vec![
+                HeaderName::from_static("webhook-id"),
+                HeaderName::from_static("svix-id"),
+            ])),
             (None, _) => default_id_header.map(|h| Extractor::Header(HeaderName::from_static(h))),
         };
         let entity_key = config.entity_key.as_deref().map(parse).transpose()?;
@@ -204,7 +213,7 @@ impl Source {
             .flatten()
             .filter_map(|e| match e {
                 Extractor::Json(p) => Some(p),
-                Extractor::Header(_) => None,
+                Extractor::Header(_) | Extractor::FirstHeader(_) => None,
             })
             .collect();
         let mut from_body = if pointers.is_empty() {
@@ -217,6 +226,10 @@ impl Source {
             Extractor::Header(name) => headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            Extractor::FirstHeader(names) => names
+                .iter()
+                .find_map(|name| headers.get(name).and_then(|v| v.to_str().ok()))
                 .map(str::to_owned),
             Extractor::Json(_) => from_body.next().flatten().and_then(json_to_text),
         });
@@ -375,5 +388,22 @@ mod tests {
         ));
         assert!(Extractor::parse("json:a").is_err());
         assert!(Extractor::parse("query:a").is_err());
+    }
+
+    #[test]
+    fn a_standard_webhooks_source_takes_its_id_from_svix_id_too() {
+        let config = SourceConfig::new(
+            "sw",
+            SchemeName::Standard,
+            vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()],
+        );
+        let source = Source::compile(&config, |_| None).expect("source");
+        let mut svix = HeaderMap::new();
+        svix.insert("svix-id", "msg_svix_1".parse().expect("value"));
+        assert_eq!(source.identify(&svix, b"{}").event_id, "msg_svix_1");
+        let mut standard = HeaderMap::new();
+        standard.insert("webhook-id", "msg_std_1".parse().expect("value"));
+        standard.insert("svix-id", "msg_svix_2".parse().expect("value"));
+        assert_eq!(source.identify(&standard, b"{}").event_id, "msg_std_1");
     }
 }
