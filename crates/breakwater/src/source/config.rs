@@ -50,6 +50,19 @@ pub enum BodyFormat {
     Any,
 }
 
+/// What identifies a webhook for deduplication (`dedup_on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DedupOn {
+    /// The event id (`event_id`, or the scheme's id header).
+    EventId,
+    /// A hash of the signed body: for schemes whose signature covers the
+    /// body only (github, shopify), so a captured delivery replayed under a
+    /// fresh, unsigned delivery id is still a duplicate. The event id is
+    /// then `sha256:<hex>`; the delivery id header stays with the message.
+    Body,
+}
+
 /// `[[source]]`: one issuer of webhooks, reachable at `POST /webhooks/{name}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,6 +97,11 @@ pub struct SourceConfig {
     /// `json:/pointer` or `header:Name`; absent: no entity key (no lane).
     #[serde(default)]
     pub entity_key: Option<String>,
+    /// `event_id` or `body`; absent: `body` for github and shopify (their
+    /// delivery id is not signed) when no `event_id` is set, else
+    /// `event_id`.
+    #[serde(default)]
+    pub dedup_on: Option<DedupOn>,
     /// `json` or `any`; absent: `json`, except `any` for the hmac scheme.
     #[serde(default)]
     pub body: Option<BodyFormat>,
@@ -109,6 +127,7 @@ impl SourceConfig {
             prefix: None,
             event_id: None,
             entity_key: None,
+            dedup_on: None,
             body: None,
             statements: Vec::new(),
         }

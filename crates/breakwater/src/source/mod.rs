@@ -21,13 +21,15 @@ use sha2::{Digest, Sha256};
 pub use self::pointer::Pointer;
 
 use self::config::{
-    BodyFormat, HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig,
+    BodyFormat, DedupOn, HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig,
 };
 
 /// Headers kept with a message besides those the source's extractors name.
 const KEPT_HEADERS: &[&str] = &[
     "content-type",
     "x-github-event",
+    "x-github-delivery",
+    "x-shopify-webhook-id",
     "x-shopify-topic",
     "x-shopify-shop-domain",
     "stripe-account",
@@ -110,6 +112,8 @@ pub struct Source {
     pub kept_headers: Vec<HeaderName>,
     /// Refuse a body that is not JSON (400 `bad_json`).
     pub requires_json: bool,
+    /// The event id is the signed body's hash ([`DedupOn::Body`]).
+    pub dedup_on_body: bool,
 }
 
 /// What the ingress extracts from a verified request.
@@ -199,6 +203,7 @@ impl Source {
             statements: config.statements.clone(),
             kept_headers,
             requires_json: body_format(config) == BodyFormat::Json,
+            dedup_on_body: dedup_on(config) == DedupOn::Body,
         })
     }
 
@@ -235,7 +240,7 @@ impl Source {
         });
         Identity {
             event_id: event_id
-                .filter(|id| !id.is_empty())
+                .filter(|id| !id.is_empty() && !self.dedup_on_body)
                 .unwrap_or_else(|| body_hash_id(body)),
             entity_key,
         }
@@ -295,6 +300,18 @@ pub fn compile_all(configs: &[SourceConfig]) -> Result<Sources, SourceError> {
             Source::compile(c, |v| std::env::var(v).ok()).map(|s| (c.name.clone(), Arc::new(s)))
         })
         .collect()
+}
+
+/// What identifies `config`'s webhooks for deduplication: as set, else the
+/// body for the schemes whose delivery id is not signed (github, shopify)
+/// unless an `event_id` is configured.
+pub fn dedup_on(config: &SourceConfig) -> DedupOn {
+    config
+        .dedup_on
+        .unwrap_or(match (config.scheme, &config.event_id) {
+            (SchemeName::Github | SchemeName::Shopify, None) => DedupOn::Body,
+            _ => DedupOn::EventId,
+        })
 }
 
 /// What `config`'s bodies must be: as set, else JSON for every scheme whose
