@@ -288,10 +288,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         return Ok(());
                     }
                 };
-                shutdown_signal().await;
+                let failed = tokio::select! {
+                    () = shutdown_signal() => None,
+                    why = running.failed() => Some(why),
+                };
                 tracing::info!("shutting down");
                 running.shutdown().await;
-                anyhow::Ok(())
+                match failed {
+                    Some(why) => Err(anyhow::anyhow!(why)),
+                    None => anyhow::Ok(()),
+                }
             })
         }
         Command::Config {

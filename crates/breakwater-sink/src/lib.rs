@@ -101,6 +101,29 @@ pub struct SinkError {
 
 impl SinkError {
     /// A failure of the database (retried, feeds the breaker).
+    /// The error as a log line may show it. A permanent failure's message
+    /// can quote the payload (a constraint's DETAIL names the values, an
+    /// invalid input is repeated): only its kind, code and constraint are
+    /// kept here, and the whole message goes to the DLQ entry alone. A
+    /// dependency failure's message is about the database, and is kept.
+    pub fn log_summary(&self) -> String {
+        if self.class == FailureClass::Dependency {
+            return self.to_string();
+        }
+        let mut s = self.kind.to_owned();
+        if let Some(code) = &self.code {
+            s.push_str(&format!(" (SQLSTATE {code})"));
+        }
+        if let Some(constraint) = self
+            .message
+            .rsplit_once("[constraint ")
+            .and_then(|(_, rest)| rest.strip_suffix(']'))
+        {
+            s.push_str(&format!(" on constraint {constraint}"));
+        }
+        s
+    }
+
     pub fn dependency(kind: &'static str, message: impl Into<String>) -> Self {
         Self {
             class: FailureClass::Dependency,
@@ -258,4 +281,30 @@ pub trait Sink: Send + Sync + 'static {
     }
     /// Connections in use and the pool's maximum.
     fn pool_usage(&self) -> (usize, usize);
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::*;
+
+    #[test]
+    fn a_permanent_failure_logs_no_payload_values() {
+        let e = SinkError {
+            class: FailureClass::Permanent,
+            kind: "constraint",
+            code: Some("23505".into()),
+            message: "duplicate key value violates unique constraint \"orders_pkey\" \
+                      (Key (email)=(alice@example.com) already exists.) [constraint orders_pkey]"
+                .into(),
+        };
+        let logged = e.log_summary();
+        assert!(!logged.contains("alice"), "{logged}");
+        assert_eq!(
+            logged,
+            "constraint (SQLSTATE 23505) on constraint orders_pkey"
+        );
+        assert!(e.to_string().contains("alice"), "the DLQ keeps the detail");
+        let dep = SinkError::dependency("lock_timeout", "canceling statement due to lock timeout");
+        assert_eq!(dep.log_summary(), dep.to_string());
+    }
 }

@@ -63,6 +63,37 @@ pub enum ServeError {
     },
 }
 
+/// How often the queue is checked for a closed writer.
+const QUEUE_WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Watches the queue: once it is closed for good (the embedded store's
+/// writer thread died), says why in `fatal`, so the binary exits non-zero
+/// and a supervisor restarts it, instead of a process answering 503 for
+/// ever with `/healthz` the only one to notice.
+fn spawn_queue_watch(
+    queue: Arc<dyn Queue>,
+    fatal: watch::Sender<Option<String>>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(QUEUE_WATCH_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+            if let Err(crate::queue::QueueError::Closed) = queue.ready().await {
+                let why = "the queue is closed (its writer stopped): exiting so the process can \
+                           be restarted";
+                tracing::error!("{why}");
+                let _ = fatal.send(Some(why.to_owned()));
+                break;
+            }
+        }
+    })
+}
+
 /// A started service.
 pub struct Running {
     pub ingress_addr: Option<SocketAddr>,
@@ -72,11 +103,23 @@ pub struct Running {
     /// runs none: its ingress never waits on it).
     pub controller: Option<Arc<Controller>>,
     workers: Option<Workers>,
+    /// Set once the process cannot go on (see [`Running::failed`]).
+    fatal: watch::Receiver<Option<String>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Running {
+    /// Resolves, with the reason, once the process cannot go on (its queue
+    /// closed for good); never while it can.
+    pub async fn failed(&self) -> String {
+        let mut fatal = self.fatal.clone();
+        match fatal.wait_for(Option::is_some).await {
+            Ok(why) => why.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// Stops accepting, finishes in-flight work and waits for every task.
     pub async fn shutdown(self) {
         if let Some(workers) = self.workers {
@@ -332,6 +375,12 @@ pub async fn start_with(
     let queue = open_queue(config, OpenMode::Serve).await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    let (fatal_tx, fatal) = watch::channel(None);
+    tasks.push(spawn_queue_watch(
+        Arc::clone(&queue),
+        fatal_tx,
+        stop_rx.clone(),
+    ));
 
     let runs_workers = role != Role::Ingress;
     let controller = if runs_workers {
@@ -438,6 +487,7 @@ pub async fn start_with(
         queue,
         controller,
         workers,
+        fatal,
         stop,
         tasks,
     })

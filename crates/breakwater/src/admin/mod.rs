@@ -73,7 +73,7 @@ impl Admin {
             .route("/breaker", get(breaker_status))
             .route("/breaker/trip", post(breaker_trip))
             .route("/breaker/reset", post(breaker_reset))
-            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/healthz", get(healthy))
             .layer(middleware::from_fn_with_state(
                 Arc::clone(&state),
                 authorize,
@@ -121,6 +121,18 @@ async fn authorize(State(admin): State<Arc<Admin>>, request: Request, next: Next
         }
     }
     next.run(request).await
+}
+
+/// `GET /healthz`: as the ingress's, 503 once the queue is closed for good.
+async fn healthy(State(admin): State<Arc<Admin>>) -> Response {
+    match admin.queue.ready().await {
+        Err(QueueError::Closed) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "queue closed: restart the process\n",
+        )
+            .into_response(),
+        _ => (StatusCode::OK, "ok\n").into_response(),
+    }
 }
 
 async fn render_metrics(State(admin): State<Arc<Admin>>) -> Response {

@@ -118,7 +118,7 @@ impl Ingress {
         let limit = self.max_body_bytes;
         Router::new()
             .route("/webhooks/{source}", post(receive))
-            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/healthz", get(healthy))
             .route("/readyz", get(ready))
             // After the routes: it applies to those registered before it.
             .method_not_allowed_fallback(wrong_method)
@@ -264,6 +264,20 @@ async fn accept(
     Ok((status, Json(body)).into_response())
 }
 
+/// `GET /healthz`: 200 while the process can work, 503 once its queue is
+/// closed for good (the embedded store's writer thread died): a process
+/// to restart, not one to wait for.
+async fn healthy(State(ingress): State<Arc<Ingress>>) -> Response {
+    match ingress.queue.ready().await {
+        Err(QueueError::Closed) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "queue closed: restart the process\n",
+        )
+            .into_response(),
+        _ => (StatusCode::OK, "ok\n").into_response(),
+    }
+}
+
 /// `GET /readyz`: 200 while the queue takes webhooks (what a load
 /// balancer needs: a webhook sent here is kept), 503 when it cannot. The
 /// body tells "accepting, not applying" (the database is down or the
@@ -307,4 +321,93 @@ pub fn unix_now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::queue::{
+        Capabilities, DeadLetter, DeadLetterReason, Delivery, DlqPage, Flow, QueueStats, Receipt,
+    };
+
+    /// A queue whose writer is gone: every call answers `Closed`.
+    struct ClosedQueue;
+
+    fn closed<T>() -> Result<T, QueueError> {
+        Err(QueueError::Closed)
+    }
+
+    #[async_trait]
+    impl Queue for ClosedQueue {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                native_delay: false,
+                native_dedup: false,
+                counts_attempts: false,
+                counts_receives: false,
+                filters_keys: false,
+                push: false,
+                stats: &[],
+            }
+        }
+        async fn enqueue(&self, _: NewMessage) -> Result<Enqueued, QueueError> {
+            closed()
+        }
+        async fn claim(&self, _: usize, _: Duration) -> Result<Vec<Delivery>, QueueError> {
+            closed()
+        }
+        async fn ack(&self, _: &Receipt) -> Result<(), QueueError> {
+            closed()
+        }
+        async fn retry_later(&self, _: &Receipt, _: Duration, _: &str) -> Result<(), QueueError> {
+            closed()
+        }
+        async fn release(&self, _: &Receipt, _: Duration) -> Result<(), QueueError> {
+            closed()
+        }
+        async fn dead_letter(&self, _: &Receipt, _: &DeadLetterReason) -> Result<(), QueueError> {
+            closed()
+        }
+        async fn set_flow(&self, _: Flow) -> Result<(), QueueError> {
+            closed()
+        }
+        async fn stats(&self) -> Result<QueueStats, QueueError> {
+            closed()
+        }
+        async fn ready(&self) -> Result<(), QueueError> {
+            closed()
+        }
+        async fn dlq_list(&self, _: &DlqPage) -> Result<Vec<DeadLetter>, QueueError> {
+            closed()
+        }
+        async fn dlq_show(&self, _: &str) -> Result<DeadLetter, QueueError> {
+            closed()
+        }
+        async fn dlq_replay(
+            &self,
+            _: &[String],
+            _: u32,
+            _: usize,
+        ) -> Result<Vec<String>, QueueError> {
+            closed()
+        }
+        async fn dlq_purge(&self, _: &[String]) -> Result<usize, QueueError> {
+            closed()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_closed_queue_is_unhealthy_not_ok() {
+        let router = Ingress::new(&Sources::default(), Arc::new(ClosedQueue), 1024).router();
+        let request = http::Request::get("/healthz")
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let response = router.oneshot(request).await.expect("response");
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

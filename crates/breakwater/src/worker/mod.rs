@@ -496,8 +496,10 @@ impl Dispatcher {
                 .increment(1);
                 if e.class == FailureClass::Permanent {
                     count("dead_lettered");
-                    tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
-                        "permanent failure: dead-lettered");
+                    // Its message may quote the payload: the DLQ entry
+                    // keeps it, the log keeps kind, code and constraint.
+                    tracing::warn!(source = %m.source, event_id = %m.event_id,
+                        error = %e.log_summary(), "permanent failure: dead-lettered");
                     self.dead_letter(receipt, "permanent", e.to_string());
                 } else if let Some(park) = next.parked_for {
                     count("released");
