@@ -356,13 +356,22 @@ mod tests {
     }
 
     #[test]
-    fn scheme_default_id_header_is_used() {
+    fn scheme_default_id_header_is_used_when_the_body_does_not_identify() {
+        // GitHub signs the body only: by default the body identifies it.
         let s = Source::compile(&github(None, Some("json:/order/id")), |_| None).expect("ok");
         let mut h = HeaderMap::new();
         h.insert("x-github-delivery", "d-1".parse().expect("hv"));
-        let id = s.identify(&h, br#"{"order":{"id":1042}}"#);
-        assert_eq!(id.event_id, "d-1");
+        let body = br#"{"order":{"id":1042}}"#;
+        let id = s.identify(&h, body);
+        assert_eq!(id.event_id, body_hash_id(body));
         assert_eq!(id.entity_key.as_deref(), Some("1042"));
+        // With dedup_on = event_id, the delivery header.
+        let config = SourceConfig {
+            dedup_on: Some(config::DedupOn::EventId),
+            ..github(None, None)
+        };
+        let s = Source::compile(&config, |_| None).expect("ok");
+        assert_eq!(s.identify(&h, body).event_id, "d-1");
     }
 
     #[test]
@@ -422,5 +431,16 @@ mod tests {
         standard.insert("webhook-id", "msg_std_1".parse().expect("value"));
         standard.insert("svix-id", "msg_svix_2".parse().expect("value"));
         assert_eq!(source.identify(&standard, b"{}").event_id, "msg_std_1");
+    }
+
+    #[test]
+    fn integer_ids_past_2_pow_53_keep_every_digit() {
+        let mut config = SourceConfig::new("s", SchemeName::Stripe, vec!["whsec_x".into()]);
+        config.entity_key = Some("json:/order".into());
+        let source = Source::compile(&config, |_| None).expect("source");
+        let body = br#"{"id": 9007199254740993, "order": 18446744073709551615}"#;
+        let id = source.identify(&HeaderMap::new(), body);
+        assert_eq!(id.event_id, "9007199254740993");
+        assert_eq!(id.entity_key.as_deref(), Some("18446744073709551615"));
     }
 }
