@@ -18,6 +18,10 @@ pub struct EmbeddedConfig {
     pub max_batch: usize,
     /// Operations waiting for the writer before the ingress answers 503.
     pub max_pending: usize,
+    /// Bytes of webhooks waiting for the writer before the ingress answers
+    /// 503 (a ceiling on that memory: `max_pending` alone would allow
+    /// `max_pending` x `ingress.max_body_bytes`).
+    pub max_pending_bytes: usize,
 }
 
 impl Default for EmbeddedConfig {
@@ -27,6 +31,7 @@ impl Default for EmbeddedConfig {
             dedup_window_secs: 7 * 24 * 3600,
             max_batch: 1024,
             max_pending: 16_384,
+            max_pending_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -61,6 +66,12 @@ impl EmbeddedConfig {
         if config.max_batch == 0 {
             return Err(breakwater_queue::ConfigProblem::key(
                 "max_batch",
+                "must be at least 1",
+            ));
+        }
+        if config.max_pending_bytes == 0 {
+            return Err(breakwater_queue::ConfigProblem::key(
+                "max_pending_bytes",
                 "must be at least 1",
             ));
         }

@@ -24,6 +24,7 @@
 //! only one of them should accept webhooks (two would not see each other's
 //! duplicates; the sink's inbox still applies each event once).
 
+mod budget;
 pub mod config;
 pub(crate) mod dedup;
 pub(crate) mod store;
@@ -68,6 +69,8 @@ pub struct EmbeddedQueue {
     path: PathBuf,
     /// Most messages one claim hands out ([`Flow::window`]); 0 while paused.
     window: Arc<AtomicU32>,
+    /// Bytes of enqueues waiting for the writer (`max_pending_bytes`).
+    budget: budget::ByteBudget,
 }
 
 impl std::fmt::Debug for EmbeddedQueue {
@@ -145,6 +148,7 @@ impl EmbeddedQueue {
             reader: Arc::new(Mutex::new(reader)),
             path,
             window: Arc::new(AtomicU32::new(UNBOUNDED)),
+            budget: budget::ByteBudget::new(config.max_pending_bytes),
         })
     }
 
@@ -222,9 +226,20 @@ impl Queue for EmbeddedQueue {
     }
 
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
+        let bytes = message.body.len()
+            + message.event_id.len()
+            + message.source.len()
+            + message
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>();
+        let reserved = self.budget.reserve(bytes).ok_or(QueueError::Full {
+            pending: self.ops.max_capacity() - self.ops.capacity(),
+        })?;
         let (tx, rx) = oneshot::channel();
         self.ops
-            .try_send(Op::Enqueue(Box::new(Incoming::new(message)), tx))
+            .try_send(Op::Enqueue(Box::new(Incoming::new(message, reserved)), tx))
             .map_err(|e| not_taken(&e, self.ops.max_capacity()))?;
         rx.await.map_err(|_| QueueError::Closed)?
     }
@@ -934,6 +949,24 @@ mod tests {
             q.stats().await.expect("stats").visible.expect("counted"),
             30_000
         );
+    }
+
+    #[tokio::test]
+    async fn past_the_byte_ceiling_an_enqueue_is_refused_as_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&EmbeddedConfig {
+            max_pending_bytes: 64,
+            ..config(dir.path())
+        })
+        .expect("open");
+        let mut big = msg("big", None);
+        big.body = Bytes::from(vec![b'x'; 100]);
+        assert!(matches!(q.enqueue(big).await, Err(QueueError::Full { .. })));
+        // A small one fits, and the budget is given back once it is taken.
+        q.enqueue(msg("small", None)).await.expect("fits");
+        q.enqueue(msg("small2", None)).await.expect("fits again");
+        assert_eq!(q.budget.used(), 0);
+        assert_eq!(n(q.stats().await.expect("stats").visible), 2);
     }
 
     #[tokio::test]

@@ -35,15 +35,19 @@ pub(crate) struct Incoming {
     pub dedup_key: u64,
     /// When it was handed to the writer (for the enqueue-wait metric).
     pub queued_at: Instant,
+    /// Its bytes in the budget of bytes waiting for the writer, given
+    /// back when the writer is done with it.
+    pub _reserved: crate::budget::Reserved,
 }
 
 impl Incoming {
-    pub(crate) fn new(message: NewMessage) -> Self {
+    pub(crate) fn new(message: NewMessage, reserved: crate::budget::Reserved) -> Self {
         Self {
             queued_at: Instant::now(),
             headers_json: headers_json(&message),
             dedup_key: dedup::key(&message.source, &message.event_id),
             message,
+            _reserved: reserved,
         }
     }
 }
@@ -349,6 +353,8 @@ fn run_op(
                 headers_json,
                 dedup_key: key,
                 queued_at: _,
+                // Taken by the writer: its bytes leave the budget here.
+                _reserved: _,
             } = *incoming;
             let index = attempt!(reply, dedup.loaded(tx));
             let known = match index.candidate(key) {
