@@ -13,6 +13,7 @@
 //!   write-and-fsync floor under the same load) and `bench drain` (workers
 //!   vs pgbench).
 
+pub mod backend;
 pub mod bench;
 pub mod naive;
 pub mod outage;

@@ -88,6 +88,8 @@ use breakwater::serve::{self, Role};
 use breakwater::telemetry;
 use breakwater_queue_embedded::EmbeddedConfig;
 
+use crate::backend::LabBackend;
+
 /// Options of `breakwater bench ingress`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct IngressBenchArgs {
@@ -120,8 +122,8 @@ pub struct IngressBenchArgs {
     pub floor: bool,
     /// Which queue backend the ingress enqueues onto (the floor needs the
     /// embedded one).
-    #[arg(long, value_enum, default_value_t = crate::outage::LabBackend::Embedded, conflicts_with = "floor")]
-    pub backend: crate::outage::LabBackend,
+    #[arg(long, value_enum, default_value_t = LabBackend::Embedded, conflicts_with = "floor")]
+    pub backend: LabBackend,
     /// The broker's address, for --backend nats.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub queue_url: String,
@@ -582,13 +584,8 @@ pub fn run_ingress_bench(
     let _ = std::fs::remove_dir_all(&dir);
     let mut config = bench_config(&dir);
     let queue_name = format!("bwbench_{}", std::process::id());
-    if args.backend == crate::outage::LabBackend::Nats {
-        config.queue = breakwater::queue::QueueSection {
-            backend: "nats".to_owned(),
-            url: Some(args.queue_url.clone()),
-            name: Some(queue_name.clone()),
-            ..breakwater::queue::QueueSection::default()
-        };
+    if let Some(section) = args.backend.broker_section(&args.queue_url, &queue_name) {
+        config.queue = section;
     }
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
     let addr = running.ingress_addr.context("the ingress did not start")?;
@@ -683,12 +680,7 @@ pub fn run_ingress_bench(
 
     server_rt.block_on(running.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
-    if args.backend == crate::outage::LabBackend::Nats {
-        let _ = server_rt.block_on(breakwater_queue_nats::NatsQueue::destroy(
-            &args.queue_url,
-            &queue_name,
-        ));
-    }
+    server_rt.block_on(args.backend.remove(&args.queue_url, &queue_name));
 
     eprintln!("phase 4/4: bare hyper at {half:.0} req/s");
     let bare_half_rate =

@@ -62,17 +62,7 @@ pub enum Scenario {
     Poison,
 }
 
-/// Which queue backend holds the lab's webhooks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LabBackend {
-    /// The embedded store, under --data-dir.
-    #[default]
-    Embedded,
-    /// NATS JetStream at --queue-url, on streams of the lab's own, removed
-    /// afterwards.
-    Nats,
-}
+pub use crate::backend::LabBackend;
 
 /// Which consumers to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -355,13 +345,8 @@ async fn run_mode_in(
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
     let mut config = mode_config(mode, sink_url, queue_dir.clone());
     let queue_name = format!("bwlab_{app}_{}", wall_ms());
-    if args.backend == LabBackend::Nats {
-        config.queue = breakwater::queue::QueueSection {
-            backend: "nats".to_owned(),
-            url: Some(args.queue_url.clone()),
-            name: Some(queue_name.clone()),
-            ..breakwater::queue::QueueSection::default()
-        };
+    if let Some(section) = args.backend.broker_section(&args.queue_url, &queue_name) {
+        config.queue = section;
     }
     // Every apply the workers send is counted; the naive mode also retries
     // in the worker.
@@ -521,12 +506,7 @@ async fn run_mode_in(
     running.shutdown().await;
     proxy.shutdown().await;
     let _ = std::fs::remove_dir_all(&queue_dir);
-    if args.backend == LabBackend::Nats
-        && let Err(e) =
-            breakwater_queue_nats::NatsQueue::destroy(&args.queue_url, &queue_name).await
-    {
-        tracing::warn!(error = %e, "the lab's NATS streams were not removed");
-    }
+    args.backend.remove(&args.queue_url, &queue_name).await;
 
     // Totals, read from the database itself.
     let applied: i64 = direct
