@@ -257,6 +257,9 @@ async fn connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
     Ok(client)
 }
 
+/// Share of the poison scenario's webhooks that are poison.
+pub const POISON_SHARE: f64 = 0.1;
+
 /// Applies of one message in the naive consumer's worker before it gives
 /// up on it (then it is dead-lettered: `workers.max_attempts = 1`).
 const NAIVE_ATTEMPTS: u32 = 3;
@@ -390,7 +393,7 @@ async fn run_mode_in(
             0.0
         },
         poison_share: if args.scenario == Scenario::Poison {
-            0.1
+            POISON_SHARE
         } else {
             0.0
         },

@@ -11,7 +11,7 @@ use std::time::Duration;
 use breakwater_control::{State, TransitionRecord};
 use serde::Serialize;
 
-use super::{LabArgs, Mode, Scenario};
+use super::{LabArgs, Mode, POISON_SHARE, Scenario};
 
 /// One 250 ms sample of a mode's run.
 #[derive(Debug, Clone, Serialize)]
@@ -209,19 +209,20 @@ impl LabReport {
     /// line and the chart's title).
     pub fn headline(&self) -> String {
         let p = &self.params;
+        let what = match self.scenario {
+            // Poison needs no fault: a share of the webhooks is poison.
+            Scenario::Poison => format!("{:.0}% poison", POISON_SHARE * 100.0),
+            Scenario::HotRow => format!(
+                "fault at {} s for {} s, {:.0}% for order 1042",
+                p.fault_at,
+                p.fault_secs,
+                p.hot_share * 100.0
+            ),
+            _ => format!("fault at {} s for {} s", p.fault_at, p.fault_secs),
+        };
         format!(
-            "lab {:?} on {:?}: {} webhooks/s for {} s, fault at {} s for {} s{}",
-            self.scenario,
-            p.backend,
-            p.rate,
-            p.duration,
-            p.fault_at,
-            p.fault_secs,
-            if self.scenario == Scenario::HotRow {
-                format!(", {:.0}% for order 1042", p.hot_share * 100.0)
-            } else {
-                String::new()
-            }
+            "lab {:?} on {:?}: {} webhooks/s for {} s, {what}",
+            self.scenario, p.backend, p.rate, p.duration
         )
     }
 }
