@@ -99,6 +99,10 @@ struct Token {
 
 /// Most messages one claim hands out when no flow was set.
 const UNBOUNDED: u32 = u32::MAX;
+/// How long a fetch may wait on the server.
+const FETCH_EXPIRES: Duration = Duration::from_millis(500);
+/// Delay of a message whose attempt count could not be read.
+const RELOOK_DELAY: Duration = Duration::from_secs(1);
 
 /// The NATS JetStream queue.
 pub struct NatsQueue {
@@ -308,22 +312,25 @@ impl NatsQueue {
         format!("{}.{seq}", self.names.attempts_prefix)
     }
 
-    /// Failed attempts of the message at `seq` so far.
-    async fn attempts_of(&self, seq: u64) -> u32 {
+    /// Failed attempts of the message at `seq` so far; `None` when the
+    /// count cannot be read now.
+    async fn attempts_of(&self, seq: u64) -> Option<u32> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         match self
             .attempts
             .get_last_raw_message_by_subject(&self.attempts_subject(seq))
             .await
         {
-            Ok(m) => std::str::from_utf8(&m.payload)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(0),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
+            Ok(m) => Some(
+                std::str::from_utf8(&m.payload)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0),
+            ),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Some(0),
             Err(e) => {
-                tracing::warn!(error = %e, seq, "attempt count unreadable; taken as 0");
-                0
+                tracing::warn!(error = %e, seq, "attempt count unreadable; message handed back");
+                None
             }
         }
     }
@@ -454,15 +461,25 @@ impl Queue for NatsQueue {
         if max == 0 {
             return Ok(Vec::new());
         }
+        // Bounded on both ends: the server parks a request without expiry
+        // while the consumer has max_ack_pending outstanding, and a claim
+        // that never returns would stop the dispatcher (no settling, no
+        // lease extension, no shutdown).
         let mut batch = self
             .consumer
             .fetch()
             .max_messages(max)
+            .expires(FETCH_EXPIRES)
             .messages()
             .await
             .map_err(unavailable)?;
         let mut out = Vec::new();
-        while let Some(next) = batch.next().await {
+        let deadline = tokio::time::Instant::now() + FETCH_EXPIRES * 2;
+        loop {
+            let next = match tokio::time::timeout_at(deadline, batch.next()).await {
+                Ok(Some(next)) => next,
+                Ok(None) | Err(_) => break,
+            };
             let m = match next {
                 Ok(m) => m,
                 Err(e) => {
@@ -490,7 +507,15 @@ impl Queue for NatsQueue {
             // A first delivery has failed no attempt: only a redelivery
             // pays for the look-up.
             let attempts = if delivered > 1 {
-                self.attempts_of(seq).await
+                match self.attempts_of(seq).await {
+                    Some(n) => n,
+                    None => {
+                        // Unknown: taking it for 0 would let a poison
+                        // message retry for ever. Hand it back untried.
+                        let _ = m.ack_with(AckKind::Nak(Some(RELOOK_DELAY))).await;
+                        continue;
+                    }
+                }
             } else {
                 0
             };

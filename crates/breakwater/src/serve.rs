@@ -443,7 +443,6 @@ pub async fn start_with(
         token: config.admin.token.clone(),
         controller: controller.clone(),
         parked: parked.clone(),
-        port: admin_addr.port(),
     };
     tasks.push(spawn_server(
         "admin",

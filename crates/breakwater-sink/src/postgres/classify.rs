@@ -118,17 +118,21 @@ pub(crate) fn classify_pool(err: PoolError) -> SinkError {
             "pool_timeout",
             "timed out waiting for a pooled connection (pool exhausted)",
         ),
+        // Not `connection`: a slow database that is up times out new
+        // connections too, and a reachability check would not clear it.
         PoolError::Timeout(TimeoutType::Create) => {
-            SinkError::dependency("connection", "timed out opening a connection")
+            SinkError::dependency("connect_timeout", "timed out opening a connection")
         }
         PoolError::Timeout(TimeoutType::Recycle) => {
             SinkError::dependency("connection", "timed out checking a pooled connection")
         }
         PoolError::Backend(e) => {
             let mut classified = classify(&e);
+            // Refused at login (a rotated password, a missing database):
+            // the database answers, so not `connection`.
             if classified.class == FailureClass::Permanent {
                 classified.class = FailureClass::Dependency;
-                classified.kind = "connection";
+                classified.kind = "session";
             }
             classified
         }

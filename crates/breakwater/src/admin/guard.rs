@@ -8,8 +8,8 @@
 //!   without a CORS preflight (`application/x-www-form-urlencoded`,
 //!   `multipart/form-data`, `text/plain`). The CLI sends none of these.
 //! - **DNS rebinding**: with no token, every request's `Host` must name a
-//!   loopback address (or `localhost`) and the listener's port, so a name
-//!   an attacker points at 127.0.0.1 does not reach the API.
+//!   loopback address (or `localhost`), so a name an attacker points at
+//!   127.0.0.1 does not reach the API.
 
 use std::net::IpAddr;
 
@@ -19,11 +19,10 @@ use http::{HeaderMap, Method, header};
 pub(crate) fn refuse(
     method: &Method,
     headers: &HeaderMap,
-    port: u16,
     token_set: bool,
 ) -> Option<&'static str> {
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    if !token_set && !text(header::HOST).is_some_and(|h| is_loopback_authority(h, port)) {
+    if !token_set && !text(header::HOST).is_some_and(|h| is_loopback_authority(h)) {
         return Some("the Host header does not name this loopback listener");
     }
     if matches!(*method, Method::GET | Method::HEAD) {
@@ -33,7 +32,7 @@ pub(crate) fn refuse(
         let authority = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"));
-        if !authority.is_some_and(|a| is_loopback_authority(a, port)) {
+        if !authority.is_some_and(|a| is_loopback_authority(a)) {
             return Some("a cross-site request (foreign Origin)");
         }
     }
@@ -61,19 +60,16 @@ pub(crate) fn refuse(
     None
 }
 
-/// Whether `authority` (`host:port`) is a loopback host with `port`.
-fn is_loopback_authority(authority: &str, port: u16) -> bool {
-    let (host, given_port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-            (h, p.parse::<u16>().ok())
-        }
-        _ => (authority, None),
+/// Whether `authority` (`host[:port]`) names a loopback host, on any port
+/// (a tunnel, `ssh -L 19090:...`, names its own; the port adds nothing
+/// against a rebound name).
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = if let Some(rest) = authority.strip_prefix('[') {
+        // [v6]:port
+        rest.split_once(']').map_or(rest, |(h, _)| h)
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, _)| h)
     };
-    // Without a port the browser meant 80: not this listener unless it is.
-    if given_port.unwrap_or(80) != port {
-        return false;
-    }
-    let host = host.trim_start_matches('[').trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
         || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
@@ -96,37 +92,41 @@ mod tests {
     #[test]
     fn the_cli_passes_and_a_page_does_not() {
         let cli = headers(&[("host", "127.0.0.1:9090")]);
-        assert_eq!(refuse(&Method::POST, &cli, 9090, false), None);
-        assert_eq!(refuse(&Method::GET, &cli, 9090, false), None);
+        assert_eq!(refuse(&Method::POST, &cli, false), None);
+        assert_eq!(refuse(&Method::GET, &cli, false), None);
         let form = headers(&[
             ("host", "127.0.0.1:9090"),
             ("content-type", "application/x-www-form-urlencoded"),
         ]);
-        assert!(refuse(&Method::POST, &form, 9090, false).is_some());
+        assert!(refuse(&Method::POST, &form, false).is_some());
         let foreign = headers(&[
             ("host", "127.0.0.1:9090"),
             ("origin", "https://evil.example"),
         ]);
-        assert!(refuse(&Method::POST, &foreign, 9090, false).is_some());
+        assert!(refuse(&Method::POST, &foreign, false).is_some());
         let same = headers(&[
             ("host", "localhost:9090"),
             ("origin", "http://localhost:9090"),
         ]);
-        assert_eq!(refuse(&Method::POST, &same, 9090, false), None);
+        assert_eq!(refuse(&Method::POST, &same, false), None);
     }
 
     #[test]
     fn a_rebound_name_is_refused_without_a_token() {
         let rebound = headers(&[("host", "evil.example:9090")]);
-        assert!(refuse(&Method::GET, &rebound, 9090, false).is_some());
+        assert!(refuse(&Method::GET, &rebound, false).is_some());
         assert_eq!(
-            refuse(&Method::GET, &rebound, 9090, true),
+            refuse(&Method::GET, &rebound, true),
             None,
             "the token guards"
         );
         let v6 = headers(&[("host", "[::1]:9090")]);
-        assert_eq!(refuse(&Method::GET, &v6, 9090, false), None);
-        let other_port = headers(&[("host", "127.0.0.1:8080")]);
-        assert!(refuse(&Method::GET, &other_port, 9090, false).is_some());
+        assert_eq!(refuse(&Method::GET, &v6, false), None);
+        let tunnel = headers(&[("host", "localhost:19090")]);
+        assert_eq!(
+            refuse(&Method::GET, &tunnel, false),
+            None,
+            "a tunnel's port"
+        );
     }
 }

@@ -54,8 +54,6 @@ pub struct Admin {
     pub controller: Option<Arc<Controller>>,
     /// Hot keys parked by the lanes (workers role only).
     pub parked: Option<ParkedKeys>,
-    /// The port the listener is bound to (the `Host` check's).
-    pub port: u16,
 }
 
 /// Most dead letters one `GET /dlq` returns.
@@ -94,12 +92,7 @@ fn queue_error(e: &QueueError) -> Response {
 }
 
 async fn authorize(State(admin): State<Arc<Admin>>, request: Request, next: Next) -> Response {
-    if let Some(why) = guard::refuse(
-        request.method(),
-        request.headers(),
-        admin.port,
-        admin.token.is_some(),
-    ) {
+    if let Some(why) = guard::refuse(request.method(), request.headers(), admin.token.is_some()) {
         return error(StatusCode::FORBIDDEN, "forbidden", why);
     }
     if let Some(token) = &admin.token {

@@ -160,8 +160,14 @@ pub struct Controller {
     /// Recent lock timeouts by key: one hot key's, or the database's.
     contention: Mutex<KeyContention>,
     /// Whether each of the latest dependency failures was a connection
-    /// failure (refused, reset, lost, unresolvable), newest last.
+    /// failure (refused, reset, lost, unresolvable), newest last; cleared
+    /// when the breaker closes.
     failure_kinds: Mutex<VecDeque<bool>>,
+    /// An early half-open was used since the breaker last closed: one per
+    /// open streak, so a check that passes while probes keep failing (a
+    /// session that stayed up while new ones fail) cannot flap the breaker
+    /// every second; after it, the growing cool-down applies.
+    early_half_open_used: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Controller {
@@ -198,6 +204,7 @@ impl Controller {
             record: watch::channel(None).0,
             contention: Mutex::new(KeyContention::default()),
             failure_kinds: Mutex::new(VecDeque::with_capacity(FAILURE_KINDS_KEPT)),
+            early_half_open_used: std::sync::atomic::AtomicBool::new(false),
         };
         controller.publish_gauges();
         Ok(Arc::new(controller))
@@ -267,11 +274,16 @@ impl Controller {
     /// open because the database could not be reached, its cool-down ends
     /// now (half-open, probes confirm it).
     fn database_answered(&self) {
-        if self.gate().state != State::Open || !self.unreachable_cause() {
+        use std::sync::atomic::Ordering;
+        if self.gate().state != State::Open
+            || !self.unreachable_cause()
+            || self.early_half_open_used.load(Ordering::Acquire)
+        {
             return;
         }
         let t = self.breaker().dependency_answers(Instant::now());
         if let Some(t) = t {
+            self.early_half_open_used.store(true, Ordering::Release);
             self.announce(&t);
         }
     }
@@ -422,6 +434,15 @@ impl Controller {
                 "breaker: {}", t.reason);
         }
         metrics::counter!(telemetry::BREAKER_TRANSITIONS, "to" => t.to.as_str()).increment(1);
+        if t.to == State::Closed {
+            // A new streak: its causes and its one early half-open.
+            self.failure_kinds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clear();
+            self.early_half_open_used
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
         self.publish_gauges();
         // The breaker as it stands now, not as `t` left it: two transitions
         // announced out of order still leave the latest state shared.
@@ -797,12 +818,20 @@ mod tests {
         c
     }
 
-    #[test]
-    fn a_database_that_answers_again_ends_a_cool_down_only_if_it_was_unreachable() {
+    #[tokio::test]
+    async fn a_database_that_answers_again_ends_a_cool_down_only_if_it_was_unreachable() {
         let c = opened_by("connection");
         c.database_answered();
         let status = c.status();
         assert_eq!(status.state, State::HalfOpen, "{:?}", status.message);
+        // Its probe fails: open again, and no second early half-open
+        // before the breaker has closed (no flapping every second).
+        let probe = c.try_admit_probe().await.expect("a probe");
+        c.note_dependency_failure("connection");
+        c.record(Outcome::dependency(Duration::from_millis(5)), Some(probe));
+        assert_eq!(c.gate().state, State::Open);
+        c.database_answered();
+        assert_eq!(c.gate().state, State::Open, "a second early half-open");
 
         // Lock timeouts: the database answering says nothing of them.
         let c = opened_by("lock_timeout");

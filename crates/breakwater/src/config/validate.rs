@@ -108,6 +108,21 @@ impl Config {
                 "is empty: set a secret, or leave the key out on a loopback admin.listen",
             ));
         }
+        // A webhook of the largest size must fit in the embedded writer's
+        // byte budget, or it would be refused with 503 every time.
+        if let Ok(embedded) = breakwater_queue_embedded::EmbeddedConfig::from_section(&self.queue)
+            && self.queue.backend == "embedded"
+            && embedded.max_pending_bytes < self.ingress.max_body_bytes.saturating_add(64 * 1024)
+        {
+            return Err(ConfigError::invalid(
+                "queue.max_pending_bytes",
+                format!(
+                    "must be at least ingress.max_body_bytes + 64 KiB ({} bytes), or the \
+                     largest webhook is refused every time",
+                    self.ingress.max_body_bytes.saturating_add(64 * 1024)
+                ),
+            ));
+        }
         crate::queue::check(&self.queue).map_err(|problem| {
             let key = problem.key.as_deref().unwrap_or("backend");
             ConfigError::invalid(

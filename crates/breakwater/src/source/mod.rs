@@ -238,10 +238,15 @@ impl Source {
                 .map(str::to_owned),
             Extractor::Json(_) => from_body.next().flatten().and_then(json_to_text),
         });
+        let event_id = if self.dedup_on_body {
+            signed_content_id(headers, body)
+        } else {
+            event_id
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| body_hash_id(body))
+        };
         Identity {
-            event_id: event_id
-                .filter(|id| !id.is_empty() && !self.dedup_on_body)
-                .unwrap_or_else(|| body_hash_id(body)),
+            event_id,
             entity_key,
         }
     }
@@ -259,6 +264,27 @@ impl Source {
 }
 
 /// The id of a webhook whose source gives none: `sha256:<hex of body>`.
+/// Headers that tell apart deliveries of the same body: Shopify sends one
+/// order's JSON byte for byte to `orders/create`, `orders/updated` and
+/// `orders/paid`; GitHub's event name is a header too.
+const TOPIC_HEADERS: &[&str] = &["x-shopify-topic", "x-github-event"];
+
+/// The id of a webhook deduplicated on what identifies its content (see
+/// [`DedupOn::Body`]): a hash of its topic header, if any, and its body.
+pub fn signed_content_id(headers: &HeaderMap, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    for name in TOPIC_HEADERS {
+        if let Some(v) = headers.get(*name) {
+            h.update(name.as_bytes());
+            h.update(b"=");
+            h.update(v.as_bytes());
+            h.update(b"\n");
+        }
+    }
+    h.update(body);
+    format!("sha256:{}", hex::encode(h.finalize()))
+}
+
 pub fn body_hash_id(body: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(body)))
 }
@@ -363,7 +389,8 @@ mod tests {
         h.insert("x-github-delivery", "d-1".parse().expect("hv"));
         let body = br#"{"order":{"id":1042}}"#;
         let id = s.identify(&h, body);
-        assert_eq!(id.event_id, body_hash_id(body));
+        assert!(id.event_id.starts_with("sha256:"), "{}", id.event_id);
+        assert_ne!(id.event_id, "d-1");
         assert_eq!(id.entity_key.as_deref(), Some("1042"));
         // With dedup_on = event_id, the delivery header.
         let config = SourceConfig {
@@ -442,5 +469,25 @@ mod tests {
         let id = source.identify(&HeaderMap::new(), body);
         assert_eq!(id.event_id, "9007199254740993");
         assert_eq!(id.entity_key.as_deref(), Some("18446744073709551615"));
+    }
+
+    #[test]
+    fn one_body_under_two_topics_is_two_webhooks() {
+        let config = SourceConfig::new("shop", SchemeName::Shopify, vec!["s".into()]);
+        let source = Source::compile(&config, |_| None).expect("source");
+        let body = br#"{"id": 820982911946154508}"#;
+        let topic = |t: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-shopify-topic", t.parse().expect("value"));
+            h.insert("x-shopify-webhook-id", "w-1".parse().expect("value"));
+            h
+        };
+        let created = source.identify(&topic("orders/create"), body).event_id;
+        let paid = source.identify(&topic("orders/paid"), body).event_id;
+        assert_ne!(created, paid);
+        assert_eq!(
+            created,
+            source.identify(&topic("orders/create"), body).event_id
+        );
     }
 }

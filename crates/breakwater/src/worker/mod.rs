@@ -61,9 +61,11 @@ pub const SHUTDOWN_GRACE: Duration = if cfg!(test) {
 /// this.
 const EXTEND_AT_MOST_EVERY: Duration = Duration::from_millis(100);
 /// Messages the lanes may hold in memory on a queue that cannot filter by
-/// key (a quarter of them behind one key): a hot key's backlog waits here,
+/// key (all of them may be behind one key): a hot key's backlog waits here,
 /// leased, instead of coming back at every claim.
-const HELD_WITHOUT_FILTER: usize = 4096;
+/// Kept well under a broker's default outstanding-message limit
+/// (NATS `max_ack_pending`, 10,000), which held messages count against.
+const HELD_WITHOUT_FILTER: usize = 1024;
 /// Pause when the queue has nothing visible.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Delay of a message that could not be a probe (its key busy or parked,
@@ -219,8 +221,9 @@ impl Workers {
             // to come again at the next claim.
             settings.lanes.hold_parked = true;
             settings.lanes.max_held = settings.lanes.max_held.max(HELD_WITHOUT_FILTER);
+            // One hot key may take them all: it is the one that needs them.
             settings.lanes.max_held_per_key =
-                settings.lanes.max_held_per_key.max(HELD_WITHOUT_FILTER / 4);
+                settings.lanes.max_held_per_key.max(HELD_WITHOUT_FILTER);
         }
         let (stop, stop_rx) = watch::channel(false);
         let dispatcher = Dispatcher {
