@@ -22,7 +22,7 @@ pub(crate) fn refuse(
     token_set: bool,
 ) -> Option<&'static str> {
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    if !token_set && !text(header::HOST).is_some_and(|h| is_loopback_authority(h)) {
+    if !token_set && !text(header::HOST).is_some_and(is_loopback_authority) {
         return Some("the Host header does not name this loopback listener");
     }
     if matches!(*method, Method::GET | Method::HEAD) {
@@ -32,7 +32,7 @@ pub(crate) fn refuse(
         let authority = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"));
-        if !authority.is_some_and(|a| is_loopback_authority(a)) {
+        if !authority.is_some_and(is_loopback_authority) {
             return Some("a cross-site request (foreign Origin)");
         }
     }
