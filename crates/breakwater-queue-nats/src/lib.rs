@@ -99,8 +99,8 @@ struct Token {
 
 /// Most messages one claim hands out when no flow was set.
 const UNBOUNDED: u32 = u32::MAX;
-/// How long a fetch may wait on the server.
-const FETCH_EXPIRES: Duration = Duration::from_millis(500);
+/// Longest a claim waits for the server's answer to its fetch.
+const FETCH_DEADLINE: Duration = Duration::from_secs(1);
 /// Delay of a message whose attempt count could not be read.
 const RELOOK_DELAY: Duration = Duration::from_secs(1);
 
@@ -461,20 +461,21 @@ impl Queue for NatsQueue {
         if max == 0 {
             return Ok(Vec::new());
         }
-        // Bounded on both ends: the server parks a request without expiry
-        // while the consumer has max_ack_pending outstanding, and a claim
-        // that never returns would stop the dispatcher (no settling, no
-        // lease extension, no shutdown).
+        // No wait, and bounded here: the server parks a request (even a
+        // no-wait one) while the consumer has max_ack_pending outstanding,
+        // and a claim that never returned would stop the dispatcher (no
+        // settling, no lease extension, no shutdown). No server-side
+        // expiry either: a request lingering there would take messages
+        // published after the breaker opened.
         let mut batch = self
             .consumer
             .fetch()
             .max_messages(max)
-            .expires(FETCH_EXPIRES)
             .messages()
             .await
             .map_err(unavailable)?;
         let mut out = Vec::new();
-        let deadline = tokio::time::Instant::now() + FETCH_EXPIRES * 2;
+        let deadline = tokio::time::Instant::now() + FETCH_DEADLINE;
         loop {
             let next = match tokio::time::timeout_at(deadline, batch.next()).await {
                 Ok(Some(next)) => next,
