@@ -45,7 +45,15 @@ async fn round_trip(stream: &mut TcpStream, msg: &[u8]) -> io::Result<()> {
 /// A fresh connection through the proxy that has been echoed once.
 async fn connected(proxy: &FaultProxy) -> io::Result<TcpStream> {
     let mut stream = TcpStream::connect(proxy.local_addr()).await?;
+    let before = proxy.stats().bytes_down;
     round_trip(&mut stream, b"hello").await?;
+    // The proxy counts what it forwarded after the write returned: the
+    // echo can reach the client first. Wait for the count to catch up, so
+    // a caller's snapshot taken now is settled.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while proxy.stats().bytes_down < before + 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     Ok(stream)
 }
 
