@@ -184,23 +184,53 @@ impl NatsQueue {
                 (stream, dlq, attempts)
             }
         };
-        let consumer: PullConsumer = stream
-            .get_or_create_consumer(
-                &names.consumer,
-                pull::Config {
-                    durable_name: Some(names.consumer.clone()),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    ack_wait: lease,
-                    // Unlimited: a release or a lapsed lease redelivers, and
-                    // a message must never be dropped for being released
-                    // often (retries are counted apart and end in the DLQ).
-                    max_deliver: -1,
-                    max_ack_pending: config.max_ack_pending,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| unavailable(format!("consumer {}: {e}", names.consumer)))?;
+        let consumer: PullConsumer = match mode {
+            // A read-only command looks the consumer up; it never makes one
+            // (with its own lease) for `serve` to inherit.
+            OpenMode::Inspect => {
+                stream
+                    .get_consumer(&names.consumer)
+                    .await
+                    .map_err(|_| QueueError::Missing {
+                        location: format!("consumer {} on {url}", names.consumer),
+                    })?
+            }
+            OpenMode::Serve => stream
+                .get_or_create_consumer(
+                    &names.consumer,
+                    pull::Config {
+                        durable_name: Some(names.consumer.clone()),
+                        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                        ack_wait: lease,
+                        // Unlimited: a release or a lapsed lease redelivers,
+                        // and a message must never be dropped for being
+                        // released often (retries are counted apart and end
+                        // in the DLQ).
+                        max_deliver: -1,
+                        max_ack_pending: config.max_ack_pending,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| unavailable(format!("consumer {}: {e}", names.consumer)))?,
+        };
+        // An existing consumer keeps the settings it was made with: say so
+        // when they differ from the config (a lease shorter than the
+        // workers think would hand slow applies to a second worker).
+        let made = &consumer.cached_info().config;
+        if mode == OpenMode::Serve
+            && (made.ack_wait != lease || made.max_ack_pending != config.max_ack_pending)
+        {
+            tracing::warn!(
+                consumer = %names.consumer,
+                ack_wait_ms = made.ack_wait.as_millis() as u64,
+                lease_ms = lease.as_millis() as u64,
+                max_ack_pending = made.max_ack_pending,
+                configured_max_ack_pending = config.max_ack_pending,
+                "the existing consumer was made with other settings than the config's, and \
+                 keeps them: delete it (nats consumer rm) to have it made anew"
+            );
+        }
         Ok(Self {
             client,
             js,

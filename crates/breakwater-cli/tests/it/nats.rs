@@ -352,3 +352,27 @@ async fn poison_reaches_the_dlq_stream_and_the_breaker_stays_closed() {
         "{view}"
     );
 }
+
+/// A read-only command on a NATS queue that does not exist says so and
+/// makes nothing (no stream, no consumer with a lease of its own).
+#[tokio::test]
+async fn queue_stats_on_a_missing_nats_queue_makes_nothing() {
+    let queue = QueueName::new(&nats_url());
+    // The default SQLite sink's timeouts want a longer lease.
+    let toml = queue.toml().replace("lease_ms = 10000", "lease_ms = 30000");
+    let sandbox = Sandbox::with_queue(&toml, "");
+    let out = std::process::Command::new(binary())
+        .args(["queue", "stats", "--config"])
+        .arg(sandbox.config_path())
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no queue at"), "{err}");
+    let client = async_nats::connect(&queue.url).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    assert!(
+        js.get_stream(&Names::of(&queue.name).stream).await.is_err(),
+        "a read-only command made the stream"
+    );
+}
