@@ -416,11 +416,7 @@ impl Backend for EmbeddedBackend {
     }
 
     fn check(&self, section: &QueueSection) -> Result<toml::Table, ConfigProblem> {
-        let config = EmbeddedConfig::from_section(section)?;
-        toml::Table::try_from(&config).map_err(|e| ConfigProblem {
-            key: None,
-            message: e.to_string(),
-        })
+        breakwater_queue::own_keys_table(&EmbeddedConfig::from_section(section)?)
     }
 
     async fn open(

@@ -303,6 +303,22 @@ impl NatsQueue {
         Ok(())
     }
 
+    /// [`NatsQueue::destroy`] from code that is not async (a test's `Drop`,
+    /// which may run while its runtime shuts down): on a thread and a
+    /// runtime of its own. Errors are ignored, as in `destroy`'s callers.
+    pub fn destroy_blocking(url: &str, name: &str) {
+        let (url, name) = (url.to_owned(), name.to_owned());
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                let _ = rt.block_on(Self::destroy(&url, &name));
+            }
+        })
+        .join();
+    }
+
     /// The names this queue uses on the server.
     pub fn names(&self) -> &Names {
         &self.names
@@ -835,10 +851,7 @@ impl Backend for NatsBackend {
 
     fn check(&self, section: &QueueSection) -> Result<toml::Table, ConfigProblem> {
         let (_, _, config) = Self::config(section)?;
-        toml::Table::try_from(&config).map_err(|e| ConfigProblem {
-            key: None,
-            message: e.to_string(),
-        })
+        breakwater_queue::own_keys_table(&config)
     }
 
     async fn open(

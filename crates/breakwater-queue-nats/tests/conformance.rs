@@ -40,17 +40,7 @@ impl Nats {
 
 impl Drop for Nats {
     fn drop(&mut self) {
-        let (url, name) = (url(), self.name.clone());
-        // A runtime of its own: the test's may be shutting down.
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                let _ = rt.block_on(NatsQueue::destroy(&url, &name));
-            }
-        })
-        .join();
+        NatsQueue::destroy_blocking(&url(), &self.name);
     }
 }
 

@@ -69,6 +69,15 @@ impl QueueSection {
     }
 }
 
+/// A backend's own keys as `config check` shows them: its config struct,
+/// every default filled in, as a table (what [`Backend::check`] returns).
+pub fn own_keys_table<T: Serialize>(config: &T) -> Result<toml::Table, ConfigProblem> {
+    toml::Table::try_from(config).map_err(|e| ConfigProblem {
+        key: None,
+        message: e.to_string(),
+    })
+}
+
 /// What is wrong with a backend's keys: `key` is relative to `[queue]`
 /// when the problem is one key's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -46,7 +46,7 @@ mod stats;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{Backend, ConfigProblem, OpenMode, QueueSection};
+pub use backend::{Backend, ConfigProblem, OpenMode, QueueSection, own_keys_table};
 pub use dead_letter::{DeadLetter, DeadLetterReason, DlqPage};
 pub use error::QueueError;
 pub use flow::Flow;

@@ -49,16 +49,7 @@ impl QueueName {
 
 impl Drop for QueueName {
     fn drop(&mut self) {
-        let (url, name) = (self.url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                let _ = rt.block_on(NatsQueue::destroy(&url, &name));
-            }
-        })
-        .join();
+        NatsQueue::destroy_blocking(&self.url, &self.name);
     }
 }
 

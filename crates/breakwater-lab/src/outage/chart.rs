@@ -85,6 +85,40 @@ fn state_color(state: &str) -> RGBColor {
 /// One line of a chart: its legend, colour and points.
 type Line = (&'static str, RGBColor, Vec<(f64, f64)>);
 
+/// The chart every panel is drawn on: seconds across, 0 to `y` up (labelled
+/// `y_desc` unless empty), whole-number ticks, its mesh drawn.
+type Timeline<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+fn timeline<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    caption: &str,
+    caption_size: u32,
+    t_max: f64,
+    y: f64,
+    y_desc: &str,
+) -> anyhow::Result<Timeline<'a, 'b>> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", caption_size))
+        .margin(8)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..t_max, 0.0..y)
+        .map_err(err)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc("seconds")
+        .y_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&|v| format!("{v:.0}"));
+    if !y_desc.is_empty() {
+        mesh.y_desc(y_desc);
+    }
+    mesh.draw().map_err(err)?;
+    Ok(chart)
+}
+
 /// The top of a y-axis holding `highest`: a little above it, and at least
 /// 5, so a row of small counts gets whole-number ticks.
 fn y_top(highest: f64) -> f64 {
@@ -109,20 +143,7 @@ fn line_chart(
     fault: Option<(f64, f64)>,
     lines: Vec<Line>,
 ) -> anyhow::Result<()> {
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 18))
-        .margin(8)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..t_max, 0.0..y)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .draw()
-        .map_err(err)?;
+    let mut chart = timeline(area, caption, 18, t_max, y, "")?;
     if let Some((from, to)) = fault {
         chart
             .draw_series(std::iter::once(Rectangle::new(
@@ -177,21 +198,7 @@ fn breaker_chart(
     y: f64,
     s: &[Sample],
 ) -> anyhow::Result<()> {
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 15))
-        .margin(8)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..t_max, 0.0..y)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("limit")
-        .y_label_formatter(&|v| format!("{v:.0}"))
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .draw()
-        .map_err(err)?;
+    let mut chart = timeline(area, caption, 15, t_max, y, "limit")?;
     for (state, label) in STATES {
         let color = state_color(state);
         chart

@@ -48,7 +48,9 @@ pub struct ServerLimits {
 }
 
 fn json_error(status: StatusCode, code: &str, detail: &str, retry_after: bool) -> Response<Body> {
-    let body = serde_json::json!({"error": code, "detail": detail}).to_string();
+    // The body every refusal of both listeners has.
+    let body = serde_json::to_string(&breakwater_admin_api::ErrorBody::new(code, detail))
+        .unwrap_or_default();
     let mut response = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json");
