@@ -28,11 +28,11 @@
 //! JetStream accepts a late ack, and the sink's inbox applies a duplicate
 //! delivery once.
 //!
-//! The message's metadata travels in the payload ([`envelope`]), not in
+//! The message's metadata travels in the payload ([`breakwater_queue::envelope`]), not in
 //! headers, since event ids and keys come from senders.
 
 pub mod config;
-mod envelope;
+
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -56,7 +56,7 @@ use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
 pub use self::config::NatsConfig;
-use self::envelope::{Meta, decode, encode};
+use breakwater_queue::envelope::{Meta, decode, encode};
 
 /// The names one `[queue] name` gives on the server.
 #[derive(Debug, Clone, PartialEq, Eq)]

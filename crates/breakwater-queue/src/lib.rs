@@ -37,6 +37,7 @@
 
 mod backend;
 mod dead_letter;
+pub mod envelope;
 mod error;
 mod flow;
 mod message;

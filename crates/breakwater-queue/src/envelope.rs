@@ -1,7 +1,7 @@
-//! How a message travels in a JetStream payload: a length-prefixed JSON
-//! envelope of its metadata, then the body as it came. Metadata stays out of
-//! NATS headers because event ids and entity keys come from senders and a
-//! header value may not hold every byte they can.
+//! How a message travels in a broker's payload (JetStream, RabbitMQ): a
+//! length-prefixed JSON envelope of its metadata, then the body as it came.
+//! Metadata stays out of broker headers because event ids and entity keys
+//! come from senders and a header value may not hold every byte they can.
 //!
 //! ```text
 //! | meta length: u32 big-endian | meta: JSON | body |
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// What travels beside the body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Meta {
+pub struct Meta {
     pub source: String,
     pub event_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -38,9 +38,9 @@ pub(crate) struct Meta {
 /// A payload that is not an envelope.
 #[derive(Debug, thiserror::Error)]
 #[error("not a Breakwater envelope: {0}")]
-pub(crate) struct NotAnEnvelope(String);
+pub struct NotAnEnvelope(String);
 
-pub(crate) fn encode(meta: &Meta, body: &[u8]) -> Bytes {
+pub fn encode(meta: &Meta, body: &[u8]) -> Bytes {
     // A struct of strings and numbers always serializes.
     let json = serde_json::to_vec(meta).unwrap_or_default();
     let mut out = BytesMut::with_capacity(4 + json.len() + body.len());
@@ -50,7 +50,7 @@ pub(crate) fn encode(meta: &Meta, body: &[u8]) -> Bytes {
     out.freeze()
 }
 
-pub(crate) fn decode(payload: &Bytes) -> Result<(Meta, Bytes), NotAnEnvelope> {
+pub fn decode(payload: &Bytes) -> Result<(Meta, Bytes), NotAnEnvelope> {
     let len = payload
         .get(..4)
         .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
