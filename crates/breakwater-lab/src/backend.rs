@@ -14,30 +14,56 @@ pub enum LabBackend {
     /// NATS JetStream at --queue-url, on streams of the run's own, removed
     /// afterwards.
     Nats,
+    /// RabbitMQ at --queue-url, on queues of the run's own, removed
+    /// afterwards.
+    Rabbitmq,
 }
 
 impl LabBackend {
+    /// The broker's address: `given`, or the broker's usual local one.
+    pub fn url(self, given: Option<&str>) -> String {
+        given.map_or_else(
+            || {
+                match self {
+                    Self::Embedded => "",
+                    Self::Nats => "nats://127.0.0.1:4222",
+                    Self::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
+                }
+                .to_owned()
+            },
+            str::to_owned,
+        )
+    }
+
     /// The `[queue]` table for a broker queue `name` at `url`; `None` for
     /// the embedded store (the caller's config already points at it).
     pub fn broker_section(self, url: &str, name: &str) -> Option<breakwater::queue::QueueSection> {
-        match self {
-            Self::Embedded => None,
-            Self::Nats => Some(breakwater::queue::QueueSection {
-                backend: "nats".to_owned(),
-                url: Some(url.to_owned()),
-                name: Some(name.to_owned()),
-                ..breakwater::queue::QueueSection::default()
-            }),
-        }
+        let backend = match self {
+            Self::Embedded => return None,
+            Self::Nats => "nats",
+            Self::Rabbitmq => "rabbitmq",
+        };
+        Some(breakwater::queue::QueueSection {
+            backend: backend.to_owned(),
+            url: Some(url.to_owned()),
+            name: Some(name.to_owned()),
+            ..breakwater::queue::QueueSection::default()
+        })
     }
 
     /// Removes what a run made on the broker (nothing for the embedded
     /// store, whose folder the caller removes).
     pub async fn remove(self, url: &str, name: &str) {
-        if self == Self::Nats
-            && let Err(e) = breakwater_queue_nats::NatsQueue::destroy(url, name).await
-        {
-            tracing::warn!(error = %e, queue = name, "the run's NATS streams were not removed");
+        let removed = match self {
+            Self::Embedded => Ok(()),
+            Self::Nats => breakwater_queue_nats::NatsQueue::destroy(url, name).await,
+            Self::Rabbitmq => {
+                let config = breakwater_queue_rabbitmq::RabbitMqConfig::default();
+                breakwater_queue_rabbitmq::RabbitMqQueue::destroy(url, name, &config).await
+            }
+        };
+        if let Err(e) = removed {
+            tracing::warn!(error = %e, queue = name, "the run's broker queues were not removed");
         }
     }
 }

@@ -33,7 +33,6 @@
 
 pub mod config;
 
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

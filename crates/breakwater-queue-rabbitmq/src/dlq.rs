@@ -95,7 +95,10 @@ impl Scan {
                 }
                 Err(_) => {
                     let _ = channel.close(200, "timed out".into()).await;
-                    return Err(unavailable(format!("reading {}: no answer", inner.names.dlq)));
+                    return Err(unavailable(format!(
+                        "reading {}: no answer",
+                        inner.names.dlq
+                    )));
                 }
             };
             let d = message.delivery;
@@ -176,11 +179,7 @@ impl Scan {
                     properties::build(&new_id(), Counts::default()),
                 )
                 .await?;
-            entry
-                .acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map_err(unavailable)?;
+            settle(&entry.acker).await?;
             done.push(entry.id.clone());
         }
         Ok(done)
@@ -190,14 +189,19 @@ impl Scan {
     pub(crate) async fn purge(&self, ids: &[String]) -> Result<usize, QueueError> {
         let mut n = 0;
         for entry in self.chosen(ids) {
-            entry
-                .acker
-                .ack(BasicAckOptions::default())
-                .await
-                .map_err(unavailable)?;
+            settle(&entry.acker).await?;
             n += 1;
         }
         Ok(n)
+    }
+}
+
+/// Removes a dead letter the scan took.
+async fn settle(acker: &Acker) -> Result<(), QueueError> {
+    match acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(unavailable("the DLQ scan's channel closed")),
+        Err(e) => Err(unavailable(e)),
     }
 }
 

@@ -281,7 +281,9 @@ impl Inner {
     }
 
     fn outstanding(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
-        self.outstanding.lock().unwrap_or_else(PoisonError::into_inner)
+        self.outstanding
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Publishes `payload` to `queue` and waits for the broker's confirm.
@@ -400,13 +402,7 @@ impl Inner {
         if requeue {
             let held: Vec<_> = self.buffered().drain(..).collect();
             for d in held {
-                let _ = d
-                    .acker
-                    .nack(BasicNackOptions {
-                        multiple: false,
-                        requeue: true,
-                    })
-                    .await;
+                let _ = d.acker.nack(REQUEUE).await;
             }
         }
     }
@@ -424,13 +420,7 @@ impl Inner {
             ids.iter().filter_map(|id| out.remove(id)).collect()
         };
         for held in lapsed {
-            let _ = held
-                .acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await;
+            let _ = held.acker.nack(REQUEUE).await;
         }
     }
 
@@ -460,12 +450,7 @@ impl Inner {
                 let settle = if moved.is_ok() {
                     d.acker.ack(BasicAckOptions::default()).await
                 } else {
-                    d.acker
-                        .nack(BasicNackOptions {
-                            multiple: false,
-                            requeue: true,
-                        })
-                        .await
+                    d.acker.nack(REQUEUE).await
                 };
                 let _ = settle;
                 return None;
@@ -545,19 +530,11 @@ impl Inner {
             .await;
         if let Err(e) = published {
             // Not delayed: hand it back now rather than hold it.
-            let _ = acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await;
+            let _ = acker.nack(REQUEUE).await;
             return Err(e);
         }
-        acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map(|_| ())
-            .map_err(|e| self.failed(e))
+        let acked = acker.ack(BasicAckOptions::default()).await;
+        self.settled(acked, &token.id)
     }
 
     /// After a new session: the old one's deliveries are void (the broker
@@ -601,8 +578,10 @@ async fn supervise(inner: Arc<Inner>, mode: OpenMode) {
             .await;
             match made {
                 Ok(session) => {
-                    *inner.session.write().unwrap_or_else(PoisonError::into_inner) =
-                        Arc::new(session);
+                    *inner
+                        .session
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner) = Arc::new(session);
                     match inner.resume().await {
                         Ok(()) => {
                             tracing::info!(generation, "reconnected to RabbitMQ");
@@ -621,6 +600,24 @@ async fn supervise(inner: Arc<Inner>, mode: OpenMode) {
             let pause = rand::rng().random_range(Duration::ZERO..=ceiling);
             tokio::time::sleep(pause).await;
             attempt = attempt.saturating_add(1);
+        }
+    }
+}
+
+/// Nack with requeue: the message goes back at once, no attempt counted.
+const REQUEUE: BasicNackOptions = BasicNackOptions {
+    multiple: false,
+    requeue: true,
+};
+
+impl Inner {
+    /// What settling a delivery of message `id` came to: `false` from lapin
+    /// means its channel is gone, and the broker requeued the message.
+    fn settled(&self, done: lapin::Result<bool>, id: &str) -> Result<(), QueueError> {
+        match done {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(QueueError::LeaseLost { id: id.to_owned() }),
+            Err(e) => Err(self.failed(e)),
         }
     }
 }
@@ -709,12 +706,10 @@ impl Queue for RabbitMqQueue {
     }
 
     async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError> {
-        let acker = self.inner.settle(token(receipt)?)?;
-        acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map(|_| ())
-            .map_err(|e| self.inner.failed(e))
+        let token = token(receipt)?;
+        let acker = self.inner.settle(token)?;
+        let acked = acker.ack(BasicAckOptions::default()).await;
+        self.inner.settled(acked, &token.id)
     }
 
     async fn extend_leases(
@@ -753,14 +748,8 @@ impl Queue for RabbitMqQueue {
         let token = token(receipt)?;
         let acker = self.inner.settle(token)?;
         if delay.is_zero() {
-            return acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await
-                .map(|_| ())
-                .map_err(|e| self.inner.failed(e));
+            let nacked = acker.nack(REQUEUE).await;
+            return self.inner.settled(nacked, &token.id);
         }
         let counts = Counts {
             releases: token.counts.releases.saturating_add(1),
@@ -786,19 +775,11 @@ impl Queue for RabbitMqQueue {
         // In the DLQ before it leaves the queue: a crash between the two
         // leaves a copy in each, never in neither.
         if let Err(e) = self.inner.publish_dead(&meta, &token.body).await {
-            let _ = acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await;
+            let _ = acker.nack(REQUEUE).await;
             return Err(e);
         }
-        acker
-            .ack(BasicAckOptions::default())
-            .await
-            .map(|_| ())
-            .map_err(|e| self.inner.failed(e))
+        let acked = acker.ack(BasicAckOptions::default()).await;
+        self.inner.settled(acked, &token.id)
     }
 
     async fn set_flow(&self, flow: Flow) -> Result<(), QueueError> {
@@ -832,7 +813,9 @@ impl Queue for RabbitMqQueue {
         let (dead, _) = session.counts(&inner.names.dlq, inner.timeout).await?;
         let mut delayed = 0u64;
         for ms in &inner.config.delay_tiers_ms {
-            let (n, _) = session.counts(&inner.names.delay(*ms), inner.timeout).await?;
+            let (n, _) = session
+                .counts(&inner.names.delay(*ms), inner.timeout)
+                .await?;
             delayed += u64::from(n);
         }
         let buffered = inner.buffered().len() as u64;
@@ -997,13 +980,22 @@ mod tests {
                 .expect_err(extra)
                 .key
         };
-        assert_eq!(key("delay_tiers_ms = [500, 100]").as_deref(), Some("delay_tiers_ms"));
-        assert_eq!(key("queue_type = \"stream\"").as_deref(), Some("queue_type"));
+        assert_eq!(
+            key("delay_tiers_ms = [500, 100]").as_deref(),
+            Some("delay_tiers_ms")
+        );
+        assert_eq!(
+            key("queue_type = \"stream\"").as_deref(),
+            Some("queue_type")
+        );
         assert_eq!(key("prefetch = 3").as_deref(), Some("prefetch"));
         let mut s = section("");
         s.url = Some("nats://127.0.0.1:4222".into());
         assert_eq!(
-            RabbitMqBackend::config(&s).expect_err("scheme").key.as_deref(),
+            RabbitMqBackend::config(&s)
+                .expect_err("scheme")
+                .key
+                .as_deref(),
             Some("url")
         );
         assert!(RabbitMqBackend::config(&section("")).is_ok());

@@ -30,7 +30,10 @@ pub(crate) fn build(id: &str, counts: Counts) -> BasicProperties {
         (RELEASES_HEADER, counts.releases),
     ] {
         if n > 0 {
-            headers.insert(ShortString::from(name), AMQPValue::LongLongInt(i64::from(n)));
+            headers.insert(
+                ShortString::from(name),
+                AMQPValue::LongLongInt(i64::from(n)),
+            );
         }
     }
     BasicProperties::default()

@@ -109,7 +109,11 @@ impl Session {
     /// Declares the queue, its DLQ and its delay tiers, idempotently (the
     /// same arguments again are a no-op; other arguments on an existing
     /// queue are refused by the broker, and named).
-    pub(crate) async fn declare(&self, names: &Names, config: &RabbitMqConfig) -> Result<(), SessionError> {
+    pub(crate) async fn declare(
+        &self,
+        names: &Names,
+        config: &RabbitMqConfig,
+    ) -> Result<(), SessionError> {
         let timeout = Duration::from_millis(config.request_timeout_ms.max(1));
         let qt = config.queue_type;
         let mut queues = vec![
@@ -139,7 +143,11 @@ impl Session {
 
     /// The ready count and consumer count of `queue` (a passive declare);
     /// [`SessionError::Missing`] when there is no such queue.
-    pub(crate) async fn counts(&self, queue: &str, timeout: Duration) -> Result<(u32, u32), SessionError> {
+    pub(crate) async fn counts(
+        &self,
+        queue: &str,
+        timeout: Duration,
+    ) -> Result<(u32, u32), SessionError> {
         let channel = self.side_channel(timeout).await?;
         let declared = tokio::time::timeout(
             timeout,

@@ -61,7 +61,10 @@ fn string(s: &str) -> AMQPValue {
 
 fn base(queue_type: QueueType) -> FieldTable {
     let mut args = FieldTable::default();
-    args.insert(ShortString::from("x-queue-type"), string(queue_type.as_str()));
+    args.insert(
+        ShortString::from("x-queue-type"),
+        string(queue_type.as_str()),
+    );
     args
 }
 

@@ -124,9 +124,10 @@ pub struct IngressBenchArgs {
     /// embedded one).
     #[arg(long, value_enum, default_value_t = LabBackend::Embedded, conflicts_with = "floor")]
     pub backend: LabBackend,
-    /// The broker's address, for --backend nats.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    pub queue_url: String,
+    /// The broker's address (default: the broker's usual local one,
+    /// nats://127.0.0.1:4222 or amqp://guest:guest@127.0.0.1:5672/%2f).
+    #[arg(long)]
+    pub queue_url: Option<String>,
 }
 
 /// The threads whose CPU time per request the report shows: the server
@@ -584,7 +585,10 @@ pub fn run_ingress_bench(
     let _ = std::fs::remove_dir_all(&dir);
     let mut config = bench_config(&dir);
     let queue_name = format!("bwbench_{}", std::process::id());
-    if let Some(section) = args.backend.broker_section(&args.queue_url, &queue_name) {
+    if let Some(section) = args
+        .backend
+        .broker_section(&args.backend.url(args.queue_url.as_deref()), &queue_name)
+    {
         config.queue = section;
     }
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;
@@ -680,7 +684,10 @@ pub fn run_ingress_bench(
 
     server_rt.block_on(running.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
-    server_rt.block_on(args.backend.remove(&args.queue_url, &queue_name));
+    server_rt.block_on(
+        args.backend
+            .remove(&args.backend.url(args.queue_url.as_deref()), &queue_name),
+    );
 
     eprintln!("phase 4/4: bare hyper at {half:.0} req/s");
     let bare_half_rate =

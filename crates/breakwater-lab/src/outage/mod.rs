@@ -123,9 +123,10 @@ pub struct LabArgs {
     /// Which queue backend holds the webhooks.
     #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
     pub backend: LabBackend,
-    /// The broker's address, for --backend nats.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    pub queue_url: String,
+    /// The broker's address (default: the broker's usual local one,
+    /// nats://127.0.0.1:4222 or amqp://guest:guest@127.0.0.1:5672/%2f).
+    #[arg(long)]
+    pub queue_url: Option<String>,
     /// Which consumers to run.
     #[arg(long, value_enum, default_value_t = ModeChoice::Both)]
     #[serde(skip)]
@@ -348,7 +349,10 @@ async fn run_mode_in(
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
     let mut config = mode_config(mode, sink_url, queue_dir.clone());
     let queue_name = format!("bwlab_{app}_{}", wall_ms());
-    if let Some(section) = args.backend.broker_section(&args.queue_url, &queue_name) {
+    if let Some(section) = args
+        .backend
+        .broker_section(&args.backend.url(args.queue_url.as_deref()), &queue_name)
+    {
         config.queue = section;
     }
     // Every apply the workers send is counted; the naive mode also retries
@@ -509,7 +513,9 @@ async fn run_mode_in(
     running.shutdown().await;
     proxy.shutdown().await;
     let _ = std::fs::remove_dir_all(&queue_dir);
-    args.backend.remove(&args.queue_url, &queue_name).await;
+    args.backend
+        .remove(&args.backend.url(args.queue_url.as_deref()), &queue_name)
+        .await;
 
     // Totals, read from the database itself.
     let applied: i64 = direct

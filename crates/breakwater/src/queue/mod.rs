@@ -12,12 +12,13 @@ use std::sync::Arc;
 pub use breakwater_queue::*;
 use breakwater_queue_embedded::EmbeddedBackend;
 use breakwater_queue_nats::NatsBackend;
+use breakwater_queue_rabbitmq::RabbitMqBackend;
 
 /// Every backend of this build, by the name `[queue] backend` selects it by.
-const BACKENDS: &[&dyn Backend] = &[&EmbeddedBackend, &NatsBackend];
+const BACKENDS: &[&dyn Backend] = &[&EmbeddedBackend, &NatsBackend, &RabbitMqBackend];
 
 /// Backends planned but not built yet, named in the error for them.
-const PLANNED: &[&str] = &["rabbitmq", "kafka", "sqs"];
+const PLANNED: &[&str] = &["kafka", "sqs"];
 
 /// The backend `section` selects.
 pub fn backend(section: &QueueSection) -> Result<&'static dyn Backend, ConfigProblem> {

@@ -213,12 +213,16 @@ impl Workers {
         settings: WorkerSettings,
         parked: ParkedKeys,
     ) -> Self {
-        let filters_keys = queue.capabilities().filters_keys;
+        let capabilities = queue.capabilities();
+        let filters_keys = capabilities.filters_keys;
         let mut settings = settings;
-        if !filters_keys {
+        if !filters_keys && !capabilities.push {
             // The queue cannot leave a hot key's messages queued: hold them
             // in memory (their leases extended) rather than hand them back
-            // to come again at the next claim.
+            // to come again at the next claim. Not on a push broker: what
+            // is held counts against its prefetch, so a hot key's backlog
+            // would stop every other key's deliveries; there a parked key's
+            // messages wait in the broker's delay tiers instead.
             settings.lanes.hold_parked = true;
             settings.lanes.max_held = settings.lanes.max_held.max(HELD_WITHOUT_FILTER);
             // One hot key may take them all: it is the one that needs them.
