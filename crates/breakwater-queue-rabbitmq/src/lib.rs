@@ -32,6 +32,8 @@
 pub mod config;
 mod dlq;
 mod properties;
+#[cfg(feature = "rabbitmqctl")]
+pub mod rabbitmqctl;
 mod session;
 mod topology;
 

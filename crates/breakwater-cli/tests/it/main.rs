@@ -9,6 +9,8 @@ mod crash;
 mod ingress;
 mod lab;
 mod nats;
+mod orders;
 mod pg;
+mod rabbitmq;
 mod utils;
 mod worker;

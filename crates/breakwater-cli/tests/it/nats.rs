@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use breakwater_queue_nats::{Names, NatsQueue};
 use http::StatusCode;
 
+use crate::orders::{applied, inbox_rows, never_applied, send, wait_for_applied};
 use crate::pg::ScratchDb;
 use crate::utils::*;
 use crate::worker::{ORDERS, sink_config};
@@ -65,43 +66,6 @@ async fn consumer_counts(url: &str, name: &str) -> (u64, usize) {
         .await
         .expect("consumer info");
     (info.delivered.stream_sequence, info.num_ack_pending)
-}
-
-async fn applied(db: &ScratchDb) -> i64 {
-    db.client
-        .query_one(
-            "SELECT coalesce(sum(applied_count), 0)::int8 FROM orders",
-            &[],
-        )
-        .await
-        .expect("sum")
-        .get(0)
-}
-
-async fn send(http: &Http, server: &Server, event_id: &str, order: i64) -> Answer {
-    let body = serde_json::to_vec(&serde_json::json!({
-        "id": event_id,
-        "type": "order.updated",
-        "data": {"object": {"id": order, "status": "paid"}}
-    }))
-    .expect("json");
-    post_stripe(http, server, body).await
-}
-
-async fn wait_for_applied(db: &ScratchDb, n: i64, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let got = applied(db).await;
-        if got == n {
-            return;
-        }
-        assert!(got < n, "applied {got}, more than the {n} sent");
-        assert!(
-            Instant::now() < deadline,
-            "applied {got} of {n} in {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test]
@@ -263,16 +227,7 @@ async fn a_broker_restart_mid_burst_loses_nothing_acknowledged() {
     // promises nothing either way, and the sender retries it).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let missing: i64 = db
-            .client
-            .query_one(
-                "SELECT count(*) FROM unnest($1::text[]) AS e(id)
-                 WHERE NOT EXISTS (SELECT 1 FROM breakwater_inbox i WHERE i.event_id = e.id)",
-                &[&accepted],
-            )
-            .await
-            .expect("missing")
-            .get(0);
+        let missing = never_applied(&db, &accepted).await;
         if missing == 0 {
             break;
         }
@@ -283,12 +238,7 @@ async fn a_broker_restart_mid_burst_loses_nothing_acknowledged() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // Each effect once: as many applications as inbox rows.
-    let inbox: i64 = db
-        .client
-        .query_one("SELECT count(*) FROM breakwater_inbox", &[])
-        .await
-        .expect("inbox")
-        .get(0);
+    let inbox = inbox_rows(&db).await;
     assert_eq!(applied(&db).await, inbox);
 }
 

@@ -1,0 +1,241 @@
+//! The whole pipeline on RabbitMQ: the real binary publishing to and
+//! consuming from the machine's broker (127.0.0.1:5672, guest/guest, or
+//! `BREAKWATER_TEST_AMQP_URL`), applying to a real PostgreSQL. Each test
+//! uses queues of its own, deleted when it ends. The shared broker is
+//! never stopped: the connection-loss test cuts every connection at a fault
+//! proxy between Breakwater and the broker.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use breakwater_faultproxy::{Fault, FaultProxy};
+use breakwater_queue_rabbitmq::RabbitMqQueue;
+use breakwater_queue_rabbitmq::rabbitmqctl::{counts_become, prefetches, queue_counts};
+use http::StatusCode;
+
+use crate::orders::{applied, inbox_rows, never_applied, send, wait_for_applied};
+use crate::pg::ScratchDb;
+use crate::utils::*;
+use crate::worker::{ORDERS, sink_config};
+
+fn amqp_url() -> String {
+    std::env::var("BREAKWATER_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A queue name of its own on the broker, its queues deleted on drop.
+struct QueueName {
+    name: String,
+}
+
+impl QueueName {
+    fn new() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Self {
+            name: format!(
+                "bwit-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    /// The `[queue]` table for it at `url`.
+    fn toml(&self, url: &str) -> String {
+        format!(
+            "[queue]\nbackend = \"rabbitmq\"\nurl = \"{url}\"\nname = \"{}\"\nlease_ms = 10000\n",
+            self.name
+        )
+    }
+}
+
+impl Drop for QueueName {
+    fn drop(&mut self) {
+        RabbitMqQueue::destroy_blocking(&amqp_url(), &self.name);
+    }
+}
+
+#[tokio::test]
+async fn webhooks_flow_through_rabbitmq_into_postgres_once_each() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let queue = QueueName::new();
+    let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    for i in 0..30 {
+        let a = send(&http, &server, &format!("evt_amqp_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    // RabbitMQ keeps no duplicate window: a redelivery is queued again,
+    // and the sink's inbox applies it once.
+    let again = send(&http, &server, "evt_amqp_3", 4).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{:?}", again.body);
+    wait_for_applied(&db, 30, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = queue_stats(&http, &server).await;
+        if stats["visible"] == 0 && stats["in_flight"] == 0 {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(applied(&db).await, 30, "the duplicate had an effect");
+}
+
+/// While the breaker is open no message is delivered to a worker, as the
+/// broker itself counts it: no consumer on the queue and nothing unacked,
+/// for seconds, while webhooks keep arriving (and wait, ready). Reset,
+/// everything is applied.
+#[tokio::test]
+async fn while_the_breaker_is_open_rabbitmq_delivers_nothing() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let queue = QueueName::new();
+    let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    let tripped = http
+        .post(
+            &server.admin_url("/breaker/trip?note=test"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    counts_become(&queue.name, (0, 0, 0), "open: no consumer").await;
+    for i in 0..16 {
+        let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(prefetches(&queue.name).is_empty(), "a consumer while open");
+        let (_, unacked, consumers) = queue_counts(&queue.name);
+        assert_eq!((unacked, consumers), (0, 0), "a delivery while open");
+    }
+    counts_become(&queue.name, (16, 0, 0), "arrivals wait, ready").await;
+    assert_eq!(applied(&db).await, 0);
+    let reset = http
+        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    wait_for_applied(&db, 16, Duration::from_secs(30)).await;
+}
+
+/// Every connection to the broker cut in the middle of a burst, and new
+/// ones refused for a while: every webhook that got a 2xx is applied, each
+/// effect once, and while the broker was out of reach the ingress refused
+/// with 503 (the sender retries), never a false 2xx. (Two threads: the
+/// proxy must run while the test blocks waiting for the binary to start.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let broker: SocketAddr = "127.0.0.1:5672".parse().expect("addr");
+    let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), broker)
+        .await
+        .expect("proxy");
+    let queue = QueueName::new();
+    let url = format!("amqp://guest:guest@{}/%2f", proxy.local_addr());
+    let queue_toml = format!(
+        "{}request_timeout_ms = 1000\nreconnect_max_ms = 500\n",
+        queue.toml(&url)
+    );
+    let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..120 {
+        if i == 50 {
+            proxy.set(Fault::Refuse);
+            proxy.set(Fault::ResetAll);
+            proxy.set(Fault::Refuse);
+        }
+        if i == 60 {
+            proxy.set(Fault::None);
+        }
+        let event_id = format!("evt_cut_{i}");
+        let a = send(&http, &server, &event_id, 1 + i % 50).await;
+        match a.status {
+            StatusCode::ACCEPTED => accepted.push(event_id),
+            StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+            other => panic!("answered {other}: {:?}", a.body),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        refused > 0,
+        "the broker was out of reach for 10 webhooks, none refused"
+    );
+    assert!(accepted.len() >= 100, "accepted only {}", accepted.len());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let missing = never_applied(&db, &accepted).await;
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} acknowledged webhooks never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(applied(&db).await, inbox_rows(&db).await, "an effect twice");
+    drop(server);
+    proxy.shutdown().await;
+}
+
+/// Poison on RabbitMQ: each bad message reaches the DLQ queue with its
+/// reason, the good ones are applied, and the breaker does not move.
+#[tokio::test]
+async fn poison_reaches_the_dlq_queue_and_the_breaker_stays_closed() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let queue = QueueName::new();
+    let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    for i in 0..10 {
+        let a = send(&http, &server, &format!("evt_good_{i}"), 1 + i).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    for i in 0..4 {
+        // The orders table refuses this status: a constraint violation.
+        let body = serde_json::to_vec(&serde_json::json!({
+            "id": format!("evt_poison_{i}"),
+            "data": {"object": {"id": 20 + i, "status": "poison"}}
+        }))
+        .expect("json");
+        let a = post_stripe(&http, &server, body).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    wait_for_applied(&db, 10, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dlq = loop {
+        let list = http.get(&server.admin_url("/dlq")).await.json();
+        if list["items"].as_array().map_or(0, Vec::len) == 4 {
+            break list;
+        }
+        assert!(Instant::now() < deadline, "DLQ: {list}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for item in dlq["items"].as_array().into_iter().flatten() {
+        assert_eq!(item["class"], "permanent", "{item}");
+        assert!(
+            item["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("constraint")),
+            "{item}"
+        );
+    }
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
+    assert_eq!(
+        view["breaker"]["history"].as_array().map(Vec::len),
+        Some(0),
+        "{view}"
+    );
+}
