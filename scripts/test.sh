@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: starts the services the tests
-# need if they are not running (PostgreSQL, NATS with JetStream; the NATS
-# restart test starts a nats-server of its own), then runs every test of the
-# workspace.
+# need if they are not running (PostgreSQL, NATS with JetStream, RabbitMQ;
+# the NATS restart test starts a nats-server of its own, the RabbitMQ
+# connection-loss tests cut connections at a fault proxy of their own),
+# then runs every test of the workspace.
 #
 #   scripts/test.sh            # everything
 #   scripts/test.sh -p breakwater-control   # extra args go to cargo test
@@ -43,8 +44,23 @@ ensure_nats() {
   port_open 4222 || { say "nats-server did not start"; return 1; }
 }
 
+# RabbitMQ (queue backend tests): 127.0.0.1:5672, guest/guest. The tests
+# read the broker's own counts with rabbitmqctl.
+ensure_rabbitmq() {
+  if port_open 5672 && rabbitmqctl -q status >/dev/null 2>&1; then return 0; fi
+  say "RabbitMQ is not running; starting it"
+  if ! command -v rabbitmq-server >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null
+  fi
+  rabbitmq-server -detached || true
+  for _ in $(seq 1 60); do port_open 5672 && break; sleep 1; done
+  rabbitmqctl -q await_startup >/dev/null 2>&1 || true
+  port_open 5672 || { say "RabbitMQ did not start"; return 1; }
+}
+
 ensure_postgres
 ensure_nats
+ensure_rabbitmq
 
 say "cargo test --workspace"
 cargo test --workspace --all-targets "$@"

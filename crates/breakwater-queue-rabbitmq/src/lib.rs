@@ -202,7 +202,9 @@ impl RabbitMqQueue {
         match mode {
             OpenMode::Serve => session.declare(&names, config).await?,
             OpenMode::Inspect => {
-                session.counts(&names.queue, timeout).await?;
+                session
+                    .counts(std::slice::from_ref(&names.queue), timeout)
+                    .await?;
             }
         }
         let inner = Arc::new(Inner {
@@ -811,23 +813,25 @@ impl Queue for RabbitMqQueue {
     async fn stats(&self) -> Result<QueueStats, QueueError> {
         let inner = &self.inner;
         let session = inner.session();
-        let (ready, _) = session.counts(&inner.names.queue, inner.timeout).await?;
-        let (dead, _) = session.counts(&inner.names.dlq, inner.timeout).await?;
-        let mut delayed = 0u64;
-        for ms in &inner.config.delay_tiers_ms {
-            let (n, _) = session
-                .counts(&inner.names.delay(*ms), inner.timeout)
-                .await?;
-            delayed += u64::from(n);
-        }
+        let mut queues = vec![inner.names.queue.clone(), inner.names.dlq.clone()];
+        queues.extend(
+            inner
+                .config
+                .delay_tiers_ms
+                .iter()
+                .map(|ms| inner.names.delay(*ms)),
+        );
+        let counts = session.counts(&queues, inner.timeout).await?;
+        let ready = |i: usize| counts.get(i).map_or(0, |(n, _)| u64::from(*n));
+        let delayed: u64 = (2..counts.len()).map(ready).sum();
         let buffered = inner.buffered().len() as u64;
         Ok(QueueStats {
-            visible: Some(u64::from(ready) + buffered),
+            visible: Some(ready(0) + buffered),
             // This process's claims only: the broker's unacked count needs
             // the management API.
             in_flight: Some(inner.outstanding().len() as u64),
             delayed: Some(delayed),
-            dead_lettered: Some(u64::from(dead)),
+            dead_lettered: Some(ready(1)),
             ..QueueStats::default()
         })
     }

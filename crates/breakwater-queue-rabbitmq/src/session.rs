@@ -141,35 +141,51 @@ impl Session {
         Ok(())
     }
 
-    /// The ready count and consumer count of `queue` (a passive declare);
-    /// [`SessionError::Missing`] when there is no such queue.
+    /// The ready count and consumer count of each of `queues` (passive
+    /// declares on one channel); [`SessionError::Missing`] naming the
+    /// first that does not exist.
     pub(crate) async fn counts(
         &self,
-        queue: &str,
+        queues: &[String],
         timeout: Duration,
-    ) -> Result<(u32, u32), SessionError> {
+    ) -> Result<Vec<(u32, u32)>, SessionError> {
         let channel = self.side_channel(timeout).await?;
-        let declared = tokio::time::timeout(
-            timeout,
-            channel.queue_declare(
-                queue.into(),
-                QueueDeclareOptions::default().passive(),
-                FieldTable::default(),
-            ),
-        )
-        .await;
-        let _ = channel.close(200, "counted".into()).await;
-        match declared {
-            Ok(Ok(q)) => Ok((q.message_count(), q.consumer_count())),
-            Ok(Err(e)) if e.to_string().contains("NOT_FOUND") => Err(SessionError::Missing {
-                queue: queue.to_owned(),
-            }),
-            Ok(Err(e)) => Err(SessionError::Declare {
-                queue: queue.to_owned(),
-                reason: e.to_string(),
-            }),
-            Err(_) => Err(SessionError::Timeout(timeout)),
+        let mut out = Vec::with_capacity(queues.len());
+        let mut failed = None;
+        for queue in queues {
+            let declared = tokio::time::timeout(
+                timeout,
+                channel.queue_declare(
+                    queue.as_str().into(),
+                    QueueDeclareOptions::default().passive(),
+                    FieldTable::default(),
+                ),
+            )
+            .await;
+            match declared {
+                Ok(Ok(q)) => out.push((q.message_count(), q.consumer_count())),
+                // A missing queue closes the channel: stop there.
+                Ok(Err(e)) if e.to_string().contains("NOT_FOUND") => {
+                    failed = Some(SessionError::Missing {
+                        queue: queue.clone(),
+                    });
+                    break;
+                }
+                Ok(Err(e)) => {
+                    failed = Some(SessionError::Declare {
+                        queue: queue.clone(),
+                        reason: e.to_string(),
+                    });
+                    break;
+                }
+                Err(_) => {
+                    failed = Some(SessionError::Timeout(timeout));
+                    break;
+                }
+            }
         }
+        let _ = channel.close(200, "counted".into()).await;
+        failed.map_or(Ok(out), Err)
     }
 }
 

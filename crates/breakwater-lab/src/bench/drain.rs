@@ -8,10 +8,11 @@
 //!
 //! 1. **pgbench**: `pgbench -n -M prepared -c C -j 2 -T D` with that script;
 //!    its `tps` is the reference.
-//! 2. **breakwater**: N messages are put in a fresh embedded queue first,
-//!    then the real workers (controller, lanes, sink pool) drain it; the
-//!    rate is N over the time until every message is acknowledged. This
-//!    includes the queue's own claims and acks (group-committed, fsync'd).
+//! 2. **breakwater**: N messages are put in a fresh queue first (the
+//!    embedded store, or a broker's with `--backend`), then the real
+//!    workers (controller, lanes, sink pool) drain it; the rate is N over
+//!    the time until every message is applied (its inbox row committed).
+//!    This includes the queue's own claims and acks.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,11 +23,12 @@ use bytes::Bytes;
 use tokio_postgres::NoTls;
 
 use breakwater::config::{Config, StatementConfig};
-use breakwater::queue::{NewMessage, Queue};
+use breakwater::queue::{NewMessage, OpenMode};
 use breakwater::serve;
 use breakwater::worker::{Controller, Workers};
 use breakwater_queue_embedded::EmbeddedConfig;
-use breakwater_queue_embedded::EmbeddedQueue;
+
+use crate::backend::LabBackend;
 
 /// Options of `breakwater bench drain`.
 #[derive(Debug, Clone, clap::Args)]
@@ -47,6 +49,12 @@ pub struct DrainBenchArgs {
     /// Directory for the benchmark's queue (removed afterwards).
     #[arg(long, default_value = "data/bench")]
     pub data_dir: PathBuf,
+    /// Which queue backend holds the backlog.
+    #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
+    pub backend: LabBackend,
+    /// The broker's address (default: the broker's usual local one).
+    #[arg(long)]
+    pub queue_url: Option<String>,
 }
 
 const ORDERS: i64 = 1000;
@@ -55,6 +63,7 @@ const UPDATE: &str = "UPDATE orders SET status = $status, updated_at = now() WHE
 /// Figures of one drain benchmark.
 #[derive(Debug)]
 pub struct DrainReport {
+    pub backend: LabBackend,
     pub concurrency: u32,
     pub pgbench_tps: f64,
     pub messages: usize,
@@ -71,8 +80,8 @@ impl std::fmt::Display for DrainReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "drain bench: {} concurrent transactions, inbox insert (~1 KiB jsonb) + 1 UPDATE each",
-            self.concurrency
+            "drain bench on {:?}: {} concurrent transactions, inbox insert (~1 KiB jsonb) + 1 UPDATE each",
+            self.backend, self.concurrency
         )?;
         writeln!(f, "{:<34} {:>10}", "phase", "per second")?;
         writeln!(
@@ -150,6 +159,11 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     let queue_config =
         EmbeddedConfig::at(args.data_dir.join(format!("drain-{}", std::process::id())));
     config.queue = queue_config.section();
+    let queue_url = args.backend.url(args.queue_url.as_deref());
+    let queue_name = format!("bwbench_drain_{}", std::process::id());
+    if let Some(section) = args.backend.broker_section(&queue_url, &queue_name) {
+        config.queue = section;
+    }
     let mut source = crate::bench::bench_config(&queue_config.path)
         .sources
         .remove(0);
@@ -170,7 +184,27 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     // Phase 2: fill a queue, then let the workers drain it.
     eprintln!("phase 2/2: breakwater drains {} messages", args.messages);
     let _ = std::fs::remove_dir_all(&queue_config.path);
-    let queue = Arc::new(EmbeddedQueue::open(&queue_config)?);
+    let drained = drain(args, &config, &client, sink).await;
+    args.backend.remove(&queue_url, &queue_name).await;
+    let _ = std::fs::remove_dir_all(&queue_config.path);
+    Ok(DrainReport {
+        backend: args.backend,
+        concurrency: args.concurrency,
+        pgbench_tps,
+        messages: args.messages,
+        seconds: drained?,
+    })
+}
+
+/// Fills the queue `config` names, lets the workers drain it into the
+/// sink, and returns the seconds the drain took.
+async fn drain(
+    args: &DrainBenchArgs,
+    config: &Config,
+    client: &tokio_postgres::Client,
+    sink: Arc<dyn breakwater_sink::Sink>,
+) -> anyhow::Result<f64> {
+    let queue = breakwater::queue::open(&config.queue, OpenMode::Serve).await?;
     let mut fills = Vec::new();
     for i in 0..args.messages {
         let order = 1 + (i as i64 % ORDERS);
@@ -195,7 +229,6 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     for f in fills {
         f.await??;
     }
-    let queue: Arc<dyn Queue> = queue;
     let mut breaker = config.breaker.clone();
     breaker.max_concurrency = args.concurrency;
     let controller = Controller::new(breaker, args.concurrency as usize)?;
@@ -204,20 +237,20 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
         Arc::clone(&queue),
         sink,
         controller,
-        serve::worker_settings(&config),
+        serve::worker_settings(config),
         breakwater::worker::ParkedKeys::default(),
     );
-    let target = args.messages as u64;
+    let target = args.messages as i64;
     loop {
-        let s = queue.stats().await?;
-        let (acked, dead) = (
-            s.acked_total.unwrap_or(0),
-            s.dead_lettered_total.unwrap_or(0),
-        );
-        if acked + dead >= target {
-            anyhow::ensure!(dead == 0, "{dead} messages were dead-lettered");
+        let applied: i64 = client
+            .query_one("SELECT count(*) FROM breakwater_inbox", &[])
+            .await?
+            .get(0);
+        if applied >= target {
             break;
         }
+        let dead = queue.stats().await?.dead_lettered.unwrap_or(0);
+        anyhow::ensure!(dead == 0, "{dead} messages were dead-lettered");
         anyhow::ensure!(
             started.elapsed() < Duration::from_secs(600),
             "drain did not finish in 10 minutes"
@@ -226,14 +259,7 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     }
     let seconds = started.elapsed().as_secs_f64();
     workers.shutdown().await;
-    drop(queue);
-    let _ = std::fs::remove_dir_all(&queue_config.path);
-    Ok(DrainReport {
-        concurrency: args.concurrency,
-        pgbench_tps,
-        messages: args.messages,
-        seconds,
-    })
+    Ok(seconds)
 }
 
 async fn run_pgbench(args: &DrainBenchArgs, config: &Config, db_url: &str) -> anyhow::Result<f64> {

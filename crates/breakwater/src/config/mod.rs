@@ -579,6 +579,12 @@ secrets = ["topsecret"]
             .to_string();
         assert!(err.contains("queue.backend (line 2)"), "{err}");
         assert!(err.contains("not available in this build"), "{err}");
+        let err = parse(
+            "[queue]\nbackend = \"rabbitmq\"\nurl = \"amqp://127.0.0.1\"\nname = \"q\"\ndelay_tiers_ms = [500, 100]\n",
+        )
+        .expect_err("tiers out of order")
+        .to_string();
+        assert!(err.contains("queue.delay_tiers_ms (line 5)"), "{err}");
         let err = parse("[queue]\nbackend = \"rabbitmqq\"\n")
             .expect_err("unknown")
             .to_string();
