@@ -28,11 +28,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub mod codes;
+mod forward;
 mod postgres;
+mod routed;
 mod settings;
 mod sqlite;
 mod statement;
 
+pub use forward::{ForwardSpec, ForwardTarget};
+pub use routed::RoutedSink;
 pub use settings::{LockWaitersScope, SinkSettings, redact_url};
 
 /// One webhook to apply.
@@ -45,6 +49,8 @@ pub struct Event<'a> {
     pub body: &'a [u8],
     /// Milliseconds since the Unix epoch.
     pub received_at_ms: i64,
+    /// This attempt's number: 1 the first time, 2 for the first retry.
+    pub attempt: u32,
 }
 
 /// What applying did.
@@ -94,9 +100,14 @@ pub struct SinkError {
     /// the message; it is permanent so that it dead-letters instead of
     /// tripping the breaker.
     pub kind: &'static str,
-    /// SQLSTATE (PostgreSQL) or extended result code (SQLite), if any.
+    /// SQLSTATE (PostgreSQL), extended result code (SQLite) or HTTP
+    /// status (forward), if any.
     pub code: Option<String>,
     pub message: String,
+    /// How long the dependency asked to be left alone (an HTTP
+    /// `Retry-After`): the retry waits at least this long, within the
+    /// backoff cap.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl SinkError {
@@ -130,6 +141,7 @@ impl SinkError {
             kind,
             code: None,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -140,6 +152,7 @@ impl SinkError {
             kind,
             code: None,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -293,6 +306,7 @@ mod log_tests {
             class: FailureClass::Permanent,
             kind: "constraint",
             code: Some("23505".into()),
+            retry_after: None,
             message: "duplicate key value violates unique constraint \"orders_pkey\" \
                       (Key (email)=(alice@example.com) already exists.) [constraint orders_pkey]"
                 .into(),

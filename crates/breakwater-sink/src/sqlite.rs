@@ -407,6 +407,7 @@ pub(crate) fn classify(err: rusqlite::Error) -> SinkError {
         kind,
         code: Some(sqlite.extended_code.to_string()),
         message,
+        retry_after: None,
     }
 }
 

@@ -585,6 +585,7 @@ mod tests {
             headers,
             body,
             received_at_ms: 0,
+            attempt: 1,
         }
     }
 

@@ -185,6 +185,7 @@ fn event<'a>(
         headers,
         body,
         received_at_ms: 1_700_000_000_000,
+        attempt: 1,
     }
 }
 

@@ -66,6 +66,7 @@ fn event<'a>(id: &'a str, body: &'a [u8]) -> Event<'a> {
         headers: &[],
         body,
         received_at_ms: 1_700_000_000_123,
+        attempt: 1,
     }
 }
 

@@ -20,7 +20,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use breakwater_control::{BackoffPolicy, Jitter};
-use breakwater_sink::{LockWaitersScope, Sink, SinkSettings, SinkSetupError, StatementSpec};
+use breakwater_sink::{
+    ForwardSpec, ForwardTarget, LockWaitersScope, RoutedSink, Sink, SinkSettings, SinkSetupError,
+    StatementSpec,
+};
 
 use crate::admin::Admin;
 use crate::config::{BackoffJitter, Config, LockWaitersScopeName};
@@ -147,7 +150,8 @@ pub fn check(config: &Config) -> Result<(), ServeError> {
 /// nothing).
 pub async fn check_connected(config: &Config) -> Result<(), ServeError> {
     check(config)?;
-    breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
+    let database = breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
+    with_forwards(database, config)?;
     match open_queue(config, OpenMode::Inspect).await {
         // No store yet is fine: `serve` makes one.
         Ok(_) | Err(ServeError::Queue(crate::queue::QueueError::Missing { .. })) => Ok(()),
@@ -222,6 +226,49 @@ fn spawn_metrics_upkeep(
             }
         }
     })
+}
+
+/// The sink a source's `forward` describes, signed with `secret`.
+pub fn forward_spec(forward: &crate::config::ForwardConfig, secret: Option<String>) -> ForwardSpec {
+    ForwardSpec {
+        url: forward.url.clone(),
+        timeout: Duration::from_millis(forward.timeout_ms),
+        connect_timeout: Duration::from_millis(forward.connect_timeout_ms),
+        max_connections: forward.max_connections,
+        secret,
+        http2: forward.http2,
+    }
+}
+
+/// `database` with the forwarding sources routed to their targets (as it
+/// is when no source forwards).
+fn with_forwards(
+    database: Arc<dyn Sink>,
+    config: &Config,
+) -> Result<Arc<dyn Sink>, SinkSetupError> {
+    let mut forwards = std::collections::HashMap::new();
+    for source in &config.sources {
+        let Some(forward) = &source.forward else {
+            continue;
+        };
+        let secret = match &forward.secret_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                SinkSetupError::Settings(format!(
+                    "source \"{}\": the forward secret's environment variable {var} is not set",
+                    source.name
+                ))
+            })?),
+            None => None,
+        };
+        forwards.insert(
+            source.name.clone(),
+            ForwardTarget::new(forward_spec(forward, secret))?,
+        );
+    }
+    if forwards.is_empty() {
+        return Ok(database);
+    }
+    Ok(Arc::new(RoutedSink::new(database, forwards)))
 }
 
 /// The sink settings of a config.
@@ -326,7 +373,7 @@ async fn connect_sink(
                 if held {
                     controller.dependency_reachable();
                 }
-                return Ok(sink);
+                return Ok(with_forwards(sink, config)?);
             }
             Err(e) => return Err(e.into()),
         }

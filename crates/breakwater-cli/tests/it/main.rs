@@ -6,11 +6,13 @@
 
 mod cli;
 mod crash;
+mod forward;
 mod ingress;
 mod lab;
 mod nats;
 mod orders;
 mod pg;
 mod rabbitmq;
+mod receiver;
 mod utils;
 mod worker;

@@ -86,6 +86,7 @@ pub(crate) fn classify(err: &tokio_postgres::Error) -> SinkError {
             kind,
             code: Some(code.to_owned()),
             message: db_message(db),
+            retry_after: None,
         };
     }
     if let Some(code) = err.code() {
@@ -95,6 +96,7 @@ pub(crate) fn classify(err: &tokio_postgres::Error) -> SinkError {
             kind,
             code: Some(code.code().to_owned()),
             message: err.to_string(),
+            retry_after: None,
         };
     }
     let message = error_chain(err);

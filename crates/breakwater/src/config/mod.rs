@@ -33,7 +33,7 @@ use self::env::{ENV_SECTIONS, NOT_CONFIG, apply_env};
 use self::parse_error::{describe_parse_error, key_line};
 pub use crate::queue::QueueSection;
 pub use crate::source::config::{
-    HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig,
+    ForwardConfig, HmacAlgorithm, HmacEncoding, SchemeName, SourceConfig, StatementConfig,
 };
 
 /// Why a configuration could not be loaded.
@@ -564,6 +564,25 @@ secrets = ["topsecret"]
         assert!(!shown.contains("topsecret"));
         assert!(!shown.contains("hunter2"));
         assert!(shown.contains("postgres://app:<redacted>@db/app"));
+    }
+
+    #[test]
+    fn a_source_forwards_or_runs_statements_and_its_url_is_checked() {
+        let source = "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = [\"s\"]\n";
+        let ok = format!("{source}forward = {{ url = \"http://127.0.0.1:7000/hooks\" }}\n");
+        let c = parse(&ok).expect("a forwarding source");
+        let forward = c.sources[0].forward.as_ref().expect("forward");
+        assert_eq!((forward.timeout_ms, forward.max_connections), (5000, 32));
+        let both = format!("{ok}[[source.statement]]\nsql = \"SELECT 1\"\n");
+        let err = parse(&both).expect_err("both").to_string();
+        assert!(err.contains("source[0].forward"), "{err}");
+        assert!(err.contains("not both"), "{err}");
+        let https = format!("{source}forward = {{ url = \"https://svc/hooks\" }}\n");
+        let err = parse(&https).expect_err("https").to_string();
+        assert!(err.contains("https is not supported"), "{err}");
+        let typo = format!("{source}forward = {{ url = \"http://svc/\", timeout = 5 }}\n");
+        let err = parse(&typo).expect_err("unknown key").to_string();
+        assert!(err.contains("timeout"), "{err}");
     }
 
     #[test]

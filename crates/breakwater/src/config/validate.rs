@@ -164,6 +164,16 @@ impl Config {
             }
             crate::source::check_extractors(source)
                 .map_err(|(field, m)| ConfigError::invalid(format!("{key}.{field}"), m))?;
+            if let Some(forward) = &source.forward {
+                if !source.statements.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("{key}.forward"),
+                        "a source forwards over HTTP or runs statements, not both",
+                    ));
+                }
+                breakwater_sink::ForwardTarget::new(crate::serve::forward_spec(forward, None))
+                    .map_err(|e| ConfigError::invalid(format!("{key}.forward"), e.to_string()))?;
+            }
         }
         Ok(())
     }

@@ -108,6 +108,45 @@ pub struct SourceConfig {
     /// Statements run in the inbox transaction, only for a new event id.
     #[serde(default, rename = "statement")]
     pub statements: Vec<StatementConfig>,
+    /// Forward this source's webhooks to an HTTP service instead of
+    /// running statements (a source has one or the other).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forward: Option<ForwardConfig>,
+}
+
+/// `forward = { url = ..., ... }` of a source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardConfig {
+    /// `http://host:port/path`.
+    pub url: String,
+    /// The whole request, connecting included, in milliseconds.
+    #[serde(default = "ForwardConfig::default_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "ForwardConfig::default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Requests in flight at once to this target.
+    #[serde(default = "ForwardConfig::default_max_connections")]
+    pub max_connections: usize,
+    /// Environment variable holding the Standard Webhooks secret
+    /// (`whsec_<base64>`) the forwarded requests are signed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_env: Option<String>,
+    /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    #[serde(default)]
+    pub http2: bool,
+}
+
+impl ForwardConfig {
+    fn default_timeout_ms() -> u64 {
+        5_000
+    }
+    fn default_connect_timeout_ms() -> u64 {
+        1_000
+    }
+    fn default_max_connections() -> usize {
+        32
+    }
 }
 
 impl SourceConfig {
@@ -130,6 +169,7 @@ impl SourceConfig {
             dedup_on: None,
             body: None,
             statements: Vec::new(),
+            forward: None,
         }
     }
 }

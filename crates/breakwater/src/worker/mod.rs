@@ -159,6 +159,7 @@ async fn apply_once(
             headers: &m.headers,
             body: &m.body,
             received_at_ms: m.received_at_ms,
+            attempt: m.attempts.saturating_add(1),
         };
         sink.apply(&event).await
     };
@@ -533,7 +534,14 @@ impl Dispatcher {
                     );
                 } else {
                     count("retried");
-                    let delay = self.settings.backoff.delay(m.attempts, None, &mut self.rng);
+                    let backoff = self.settings.backoff.delay(m.attempts, None, &mut self.rng);
+                    // A dependency that said when to come back (Retry-After)
+                    // is not asked sooner, within the backoff's cap.
+                    let delay = e.retry_after.map_or(backoff, |asked| {
+                        asked
+                            .max(backoff)
+                            .min(self.settings.backoff.cap.max(backoff))
+                    });
                     let queue = Arc::clone(&self.queue);
                     let error = e.to_string();
                     self.settling.spawn(async move {

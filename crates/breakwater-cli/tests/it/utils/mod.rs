@@ -151,7 +151,7 @@ listen = "127.0.0.1:0"
     /// Starts `breakwater serve` (ingress and workers) and waits only for
     /// its listeners, not for the workers (which wait for the sink).
     pub fn start_listening(&self) -> Server {
-        Server::spawn(&self.config_path(), "all", false)
+        Server::spawn(&self.config_path(), "all", false, &[])
     }
 
     /// Starts only the ingress, so accepted messages stay in the queue.
@@ -181,13 +181,19 @@ impl Server {
     /// Starts the binary and waits until both listeners are up and, unless
     /// the role is `ingress`, the workers have started.
     pub fn start(config: &Path, role: &str) -> Self {
-        Self::spawn(config, role, role != "ingress")
+        Self::spawn(config, role, role != "ingress", &[])
     }
 
-    fn spawn(config: &Path, role: &str, wait_for_workers: bool) -> Self {
+    /// Like [`Server::start`], with `env` set for the process.
+    pub fn start_with_env(config: &Path, role: &str, env: &[(&str, &str)]) -> Self {
+        Self::spawn(config, role, role != "ingress", env)
+    }
+
+    fn spawn(config: &Path, role: &str, wait_for_workers: bool, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(binary())
             .args(["serve", "--role", role, "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())

@@ -1,0 +1,233 @@
+//! The HTTP forward sink through the real binary: a source with
+//! `forward = { url = ... }` delivers to a real HTTP service the test
+//! starts ([`Receiver`]), signed, under the breaker, retries and DLQ.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use breakwater_verify::{Scheme, Verifier};
+use http::StatusCode;
+
+use crate::receiver::{Receiver, Reply, always};
+use crate::utils::*;
+
+/// The Standard Webhooks secret the forwarded requests are signed with.
+const FORWARD_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+const SECRET_ENV: &str = "BW_TEST_FORWARD_SECRET";
+
+/// A sandbox whose stripe source forwards to `receiver`, with `extra`
+/// keys in its `forward` table.
+fn forwarding(receiver: &Receiver, extra: &str) -> Sandbox {
+    Sandbox::new(&format!(
+        "forward = {{ url = \"{}\", secret_env = \"{SECRET_ENV}\"{extra} }}\n",
+        receiver.url("/hooks/stripe")
+    ))
+}
+
+fn start(sandbox: &Sandbox) -> Server {
+    Server::start_with_env(
+        &sandbox.config_path(),
+        "all",
+        &[(SECRET_ENV, FORWARD_SECRET)],
+    )
+}
+
+async fn send(http: &Http, server: &Server, event_id: &str) -> Answer {
+    let a = post_stripe(http, server, stripe_event(event_id, "1042")).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    a
+}
+
+fn header<'a>(r: &'a crate::receiver::Received, name: &str) -> &'a str {
+    r.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("no {name} header in {:?}", r.headers))
+}
+
+/// The original body and content type arrive with the event id as
+/// `Idempotency-Key` and `webhook-id`, the source, the attempt number, and
+/// a Standard Webhooks signature the receiver verifies with the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_the_body_signed_with_the_headers_a_receiver_needs() {
+    let receiver = Receiver::start(always(StatusCode::NO_CONTENT)).await;
+    let sandbox = forwarding(&receiver, "");
+    let server = start(&sandbox);
+    let http = Http::default();
+    for i in 0..5 {
+        send(&http, &server, &format!("evt_fwd_{i}")).await;
+    }
+    let got = receiver.wait_for(5, Duration::from_secs(10)).await;
+    let verifier = Verifier::new(Scheme::standard(), &[FORWARD_SECRET.to_owned()]).expect("key");
+    for r in &got {
+        let id = header(r, "idempotency-key");
+        assert!(id.starts_with("evt_fwd_"), "{id}");
+        assert_eq!(header(r, "webhook-id"), id);
+        assert_eq!(header(r, "breakwater-source"), "stripe");
+        assert_eq!(header(r, "breakwater-attempt"), "1");
+        assert_eq!(header(r, "content-type"), "application/json");
+        assert_eq!(r.body.as_ref(), stripe_event(id, "1042").as_slice());
+        verifier
+            .verify(&r.headers, &r.body, unix_now())
+            .expect("the receiver verifies the signature");
+    }
+    // Signed with another secret, it would not verify.
+    let other = Verifier::new(
+        Scheme::standard(),
+        &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()],
+    )
+    .expect("key");
+    assert!(
+        other
+            .verify(&got[0].headers, &got[0].body, unix_now())
+            .is_err()
+    );
+}
+
+/// A 429 with `Retry-After: 2`: the next attempt comes no earlier than
+/// 2 s later, numbered 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured() {
+    let receiver = Receiver::start(Arc::new(|n, _| {
+        if n == 0 {
+            Reply::Status(
+                StatusCode::TOO_MANY_REQUESTS,
+                vec![("retry-after", "2".to_owned())],
+            )
+        } else {
+            Reply::Status(StatusCode::OK, Vec::new())
+        }
+    }))
+    .await;
+    let sandbox = forwarding(&receiver, "");
+    let server = start(&sandbox);
+    let http = Http::default();
+    send(&http, &server, "evt_429").await;
+    let got = receiver.wait_for(2, Duration::from_secs(15)).await;
+    let waited = got[1].at - got[0].at;
+    assert!(
+        waited >= Duration::from_secs(2),
+        "retried after {waited:?}, before the 2 s asked"
+    );
+    assert_eq!(header(&got[1], "breakwater-attempt"), "2");
+}
+
+/// A 400 is the message's fault: each goes to the DLQ with the status and
+/// the receiver's words, once, and the breaker does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_400_is_dead_lettered_and_the_breaker_stays_closed() {
+    let receiver = Receiver::start(always(StatusCode::BAD_REQUEST)).await;
+    let sandbox = forwarding(&receiver, "");
+    let server = start(&sandbox);
+    let http = Http::default();
+    for i in 0..3 {
+        send(&http, &server, &format!("evt_bad_{i}")).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let dlq = loop {
+        let list = http.get(&server.admin_url("/dlq")).await.json();
+        if list["items"].as_array().map_or(0, Vec::len) == 3 {
+            break list;
+        }
+        assert!(Instant::now() < deadline, "DLQ: {list}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for item in dlq["items"].as_array().into_iter().flatten() {
+        assert_eq!(item["class"], "permanent", "{item}");
+        let error = item["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("400") && error.contains("receiver says"),
+            "{item}"
+        );
+    }
+    assert_eq!(
+        receiver.received().len(),
+        3,
+        "a permanent failure was retried"
+    );
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
+}
+
+/// A receiver that takes the request and never answers: the timeout frees
+/// the slot and the message is tried again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_answers_times_out_and_is_retried() {
+    let receiver = Receiver::start(Arc::new(|n, _| {
+        if n == 0 {
+            Reply::Hang
+        } else {
+            Reply::Status(StatusCode::OK, Vec::new())
+        }
+    }))
+    .await;
+    let sandbox = forwarding(&receiver, ", timeout_ms = 500");
+    let server = start(&sandbox);
+    let http = Http::default();
+    send(&http, &server, "evt_hang").await;
+    let got = receiver.wait_for(2, Duration::from_secs(15)).await;
+    assert!(got[1].at - got[0].at >= Duration::from_millis(500));
+    assert_eq!(header(&got[1], "idempotency-key"), "evt_hang");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = queue_stats(&http, &server).await;
+        if stats["visible"] == 0 && stats["in_flight"] == 0 && stats["delayed"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not settled: {stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The receiver down (503) for a while: the breaker opens, nothing is
+/// dead-lettered, and once it answers again every webhook arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
+    let down_for = Duration::from_secs(6);
+    let receiver = Receiver::start(Arc::new(move |_, elapsed| {
+        if elapsed < down_for {
+            Reply::Status(StatusCode::SERVICE_UNAVAILABLE, Vec::new())
+        } else {
+            Reply::Status(StatusCode::OK, Vec::new())
+        }
+    }))
+    .await;
+    let sandbox = forwarding(&receiver, "");
+    let server = start(&sandbox);
+    let http = Http::default();
+    let ids: Vec<String> = (0..40).map(|i| format!("evt_down_{i}")).collect();
+    for id in &ids {
+        send(&http, &server, id).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // Answered 200: asked once the receiver was back.
+        let delivered: std::collections::BTreeSet<String> = receiver
+            .received()
+            .iter()
+            .filter(|r| r.at.duration_since(receiver.started) >= down_for)
+            .map(|r| header(r, "idempotency-key").to_owned())
+            .collect();
+        let stats = queue_stats(&http, &server).await;
+        if ids.iter().all(|id| delivered.contains(id))
+            && stats["visible"] == 0
+            && stats["in_flight"] == 0
+            && stats["delayed"] == 0
+        {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all delivered: {stats}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    let history = view["breaker"]["history"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        history.iter().any(|t| t["to"] == "open"),
+        "the breaker never opened: {view}"
+    );
+}

@@ -1,0 +1,362 @@
+//! The HTTP forward sink: a source with `forward = { url = ... }` has its
+//! verified webhooks POSTed to an internal service instead of written to a
+//! database, under the same breaker, lanes, retries and DLQ.
+//!
+//! What the receiver gets: the original body and content type, and
+//!
+//! | header | value |
+//! |---|---|
+//! | `idempotency-key`, `webhook-id` | the event id: the receiver deduplicates on it (there is no inbox on this path) |
+//! | `webhook-timestamp`, `webhook-signature` | a Standard Webhooks signature with the target's secret, when it has one, so the receiver can trust the request came from Breakwater |
+//! | `breakwater-source` | the source's name |
+//! | `breakwater-attempt` | 1 for the first attempt, 2 for the first retry, ... |
+//!
+//! How an answer is classified ([`classify`]): 2xx applied; connection
+//! errors, timeouts, 429 and 5xx are *dependency* failures (retried, they
+//! feed the breaker), with `Retry-After` (seconds) carried as the retry's
+//! delay; 3xx (redirects are not followed) and other 4xx are *permanent*
+//! (the DLQ entry keeps the status and the start of the body).
+//!
+//! Each target has its own connection pool (HTTP/1.1, or HTTP/2 with prior
+//! knowledge), at most `max_connections` requests at once, a connect
+//! timeout, and a timeout on the whole request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
+
+use crate::{Applied, Event, SinkError, SinkSetupError};
+
+/// Most bytes of a refusal's body kept in the DLQ entry.
+const EXCERPT_BYTES: usize = 512;
+/// Most bytes of an answer's body read (the rest is dropped with the
+/// connection).
+const READ_AT_MOST: usize = 64 * 1024;
+
+/// Where and how a source's webhooks are forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardSpec {
+    /// `http://host:port/path`.
+    pub url: String,
+    /// The whole request, connecting included.
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Requests in flight at once to this target.
+    pub max_connections: usize,
+    /// Standard Webhooks secret (`whsec_<base64>`) the forwarded requests
+    /// are signed with; `None`: unsigned.
+    pub secret: Option<String>,
+    /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    pub http2: bool,
+}
+
+/// One forward target: its pool, its bound, its signer.
+pub struct ForwardTarget {
+    spec: ForwardSpec,
+    uri: Uri,
+    client: Client<HttpConnector, Full<Bytes>>,
+    permits: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for ForwardTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardTarget")
+            .field("url", &self.spec.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ForwardTarget {
+    /// A target for `spec` (no connection is made until the first
+    /// request).
+    pub fn new(spec: ForwardSpec) -> Result<Self, SinkSetupError> {
+        let uri: Uri = spec
+            .url
+            .parse()
+            .map_err(|e| SinkSetupError::Settings(format!("forward url {:?}: {e}", spec.url)))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(SinkSetupError::Settings(format!(
+                "forward url {:?}: must be http://host[:port]/path (https is not supported yet)",
+                spec.url
+            )));
+        }
+        if spec.max_connections == 0 || spec.timeout.is_zero() {
+            return Err(SinkSetupError::Settings(
+                "forward: max_connections and timeout_ms must be above 0".into(),
+            ));
+        }
+        if let Some(secret) = &spec.secret {
+            breakwater_verify::sign(&breakwater_verify::Scheme::standard(), secret, b"", 0, "x")
+                .map_err(|e| SinkSetupError::Settings(format!("forward secret: {e}")))?;
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(spec.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(spec.max_connections)
+            .http2_only(spec.http2)
+            .build(connector);
+        Ok(Self {
+            permits: Arc::new(Semaphore::new(spec.max_connections)),
+            spec,
+            uri,
+            client,
+        })
+    }
+
+    /// Requests in flight now, and the most there may be.
+    pub fn usage(&self) -> (usize, usize) {
+        let max = self.spec.max_connections;
+        (max - self.permits.available_permits().min(max), max)
+    }
+
+    /// POSTs `event` to the target; `attempt` is 1 for the first try.
+    pub async fn forward(&self, event: &Event<'_>, attempt: u32) -> Result<Applied, SinkError> {
+        let url = &self.spec.url;
+        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let _permit = tokio::time::timeout_at(deadline, self.permits.acquire())
+            .await
+            .map_err(|_| {
+                SinkError::dependency(
+                    "pool_timeout",
+                    format!(
+                        "all {} connections to {url} busy for {:?}",
+                        self.spec.max_connections, self.spec.timeout
+                    ),
+                )
+            })?
+            .map_err(|_| SinkError::dependency("connection", "the forward target is closed"))?;
+        let request = self.request(event, attempt)?;
+        let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
+            Err(_) => {
+                return Err(SinkError::dependency(
+                    "timeout",
+                    format!("{url} did not answer within {:?}", self.spec.timeout),
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(SinkError::dependency(
+                    "connection",
+                    format!("{url}: {}", error_chain(&e)),
+                ));
+            }
+            Ok(Ok(response)) => response,
+        };
+        let (parts, body) = response.into_parts();
+        let retry_after = parts
+            .headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let location = parts
+            .headers
+            .get(http::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        // Read what came back (bounded, within the same deadline) so the
+        // connection can serve the next request.
+        let body =
+            match tokio::time::timeout_at(deadline, Limited::new(body, READ_AT_MOST).collect())
+                .await
+            {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(_)) | Err(_) => Bytes::new(),
+            };
+        classify(url, parts.status, retry_after, location.as_deref(), &body)
+    }
+
+    fn request(&self, event: &Event<'_>, attempt: u32) -> Result<Request<Full<Bytes>>, SinkError> {
+        let body = Bytes::copy_from_slice(event.body);
+        let content_type = event
+            .headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+            .map_or("application/json", |(_, v)| v.as_str());
+        let event_id = header_value(event.event_id);
+        let mut builder = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .header(http::header::CONTENT_TYPE, header_value(content_type))
+            .header("idempotency-key", event_id.clone())
+            .header("breakwater-source", header_value(event.source))
+            .header("breakwater-attempt", attempt.to_string());
+        match &self.spec.secret {
+            Some(secret) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+                let id = event_id.to_str().unwrap_or_default().to_owned();
+                let signed = breakwater_verify::sign(
+                    &breakwater_verify::Scheme::standard(),
+                    secret,
+                    &body,
+                    now,
+                    &id,
+                )
+                .map_err(|e| SinkError::permanent("forward_secret", e.to_string()))?;
+                for (name, value) in signed {
+                    builder = builder.header(name, value);
+                }
+            }
+            None => builder = builder.header(HeaderName::from_static("webhook-id"), event_id),
+        }
+        builder
+            .body(Full::new(body))
+            .map_err(|e| SinkError::permanent("forward_request", e.to_string()))
+    }
+}
+
+/// `s` as a header value: as it is when it is printable ASCII, else with
+/// every byte outside visible ASCII percent-encoded (an event id comes from
+/// the sender and may hold anything; a receiver reads ASCII).
+fn header_value(s: &str) -> HeaderValue {
+    if s.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+        && let Ok(v) = HeaderValue::from_str(s)
+    {
+        return v;
+    }
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_graphic() && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// What an answer of `status` means for the message and the breaker.
+pub(crate) fn classify(
+    url: &str,
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    location: Option<&str>,
+    body: &[u8],
+) -> Result<Applied, SinkError> {
+    if status.is_success() {
+        return Ok(Applied::New);
+    }
+    let excerpt = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_BYTES)]).into_owned();
+    let code = status.as_u16().to_string();
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        let kind = if status == StatusCode::TOO_MANY_REQUESTS {
+            "http_429"
+        } else {
+            "http_5xx"
+        };
+        let mut e = SinkError::dependency(kind, format!("HTTP {status} from {url}: {excerpt}"))
+            .with_code(code);
+        e.retry_after = retry_after;
+        return Err(e);
+    }
+    if status.is_redirection() {
+        return Err(SinkError::permanent(
+            "http_redirect",
+            format!(
+                "HTTP {status} from {url} to {}: redirects are not followed",
+                location.unwrap_or("(no Location)")
+            ),
+        )
+        .with_code(code));
+    }
+    Err(
+        SinkError::permanent("http_4xx", format!("HTTP {status} from {url}: {excerpt}"))
+            .with_code(code),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const URL: &str = "http://svc/hooks";
+
+    #[test]
+    fn answers_are_classified_for_the_breaker() {
+        assert!(matches!(
+            classify(URL, StatusCode::NO_CONTENT, None, None, b""),
+            Ok(Applied::New)
+        ));
+        let e = classify(
+            URL,
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(Duration::from_secs(2)),
+            None,
+            b"down",
+        )
+        .expect_err("503");
+        assert!(e.is_dependency(), "{e}");
+        assert_eq!(
+            (e.kind, e.retry_after),
+            ("http_5xx", Some(Duration::from_secs(2)))
+        );
+        let e = classify(URL, StatusCode::TOO_MANY_REQUESTS, None, None, b"").expect_err("429");
+        assert_eq!((e.kind, e.is_dependency()), ("http_429", true));
+        let e = classify(URL, StatusCode::BAD_REQUEST, None, None, &[b'x'; 2000]).expect_err("400");
+        assert!(e.is_permanent());
+        assert_eq!(e.code.as_deref(), Some("400"));
+        assert!(
+            e.message.len() < 600,
+            "the excerpt is bounded: {}",
+            e.message.len()
+        );
+        let e = classify(
+            URL,
+            StatusCode::MOVED_PERMANENTLY,
+            None,
+            Some("http://x/"),
+            b"",
+        )
+        .expect_err("301");
+        assert_eq!(e.kind, "http_redirect");
+        assert!(e.message.contains("http://x/"), "{e}");
+    }
+
+    #[test]
+    fn a_sender_s_event_id_always_makes_a_header() {
+        assert_eq!(header_value("evt_1"), "evt_1");
+        assert_eq!(header_value("a\r\nb"), "a%0D%0Ab");
+        assert_eq!(header_value("ü"), "%C3%BC");
+    }
+
+    #[test]
+    fn only_plain_http_urls_and_sane_bounds_are_taken() {
+        let spec = |url: &str| ForwardSpec {
+            url: url.into(),
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            max_connections: 4,
+            secret: None,
+            http2: false,
+        };
+        assert!(ForwardTarget::new(spec("http://127.0.0.1:7000/x")).is_ok());
+        assert!(ForwardTarget::new(spec("https://svc/x")).is_err());
+        assert!(ForwardTarget::new(spec("not a url")).is_err());
+        let mut s = spec("http://svc/x");
+        s.secret = Some("whsec_!!".into());
+        assert!(
+            ForwardTarget::new(s).is_err(),
+            "a secret that is not base64"
+        );
+    }
+}

@@ -1,0 +1,58 @@
+//! One sink for the workers when some sources forward over HTTP: each
+//! event goes to its source's forward target if it has one, else to the
+//! database sink. The database's lock view stays the database's; the pool
+//! usage the breaker reads is the database pool's and every target's
+//! together.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::forward::ForwardTarget;
+use crate::{Applied, Event, LockSnapshot, Sink, SinkError};
+
+/// The database sink, and a forward target per forwarding source.
+pub struct RoutedSink {
+    database: Arc<dyn Sink>,
+    forwards: HashMap<String, ForwardTarget>,
+}
+
+impl std::fmt::Debug for RoutedSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutedSink")
+            .field("forwards", &self.forwards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RoutedSink {
+    /// Routes the sources of `forwards` to their targets, the rest to
+    /// `database`.
+    pub fn new(database: Arc<dyn Sink>, forwards: HashMap<String, ForwardTarget>) -> Self {
+        Self { database, forwards }
+    }
+}
+
+#[async_trait]
+impl Sink for RoutedSink {
+    async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
+        match self.forwards.get(event.source) {
+            Some(target) => target.forward(event, event.attempt).await,
+            None => self.database.apply(event).await,
+        }
+    }
+
+    async fn lock_snapshot(&self) -> Option<LockSnapshot> {
+        self.database.lock_snapshot().await
+    }
+
+    fn pool_usage(&self) -> (usize, usize) {
+        self.forwards
+            .values()
+            .map(ForwardTarget::usage)
+            .fold(self.database.pool_usage(), |(u, m), (tu, tm)| {
+                (u + tu, m + tm)
+            })
+    }
+}
