@@ -224,6 +224,9 @@ enum BenchCommand {
     Ingress(breakwater_lab::bench::IngressBenchArgs),
     /// Workers draining a backlog into PostgreSQL vs pgbench, same statements.
     Drain(breakwater_lab::bench::drain::DrainBenchArgs),
+    /// Workers forwarding a backlog to an HTTP service vs a load generator
+    /// driving the same service.
+    Forward(breakwater_lab::bench::forward::ForwardBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -372,6 +375,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let report =
                 runtime()?.block_on(breakwater_lab::bench::drain::run_drain_bench(&args))?;
+            outp!("{report}");
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Forward(args),
+        } => {
+            let report =
+                runtime()?.block_on(breakwater_lab::bench::forward::run_forward_bench(&args))?;
             outp!("{report}");
             Ok(())
         }

@@ -65,6 +65,7 @@
 //! capacity.
 
 pub mod drain;
+pub mod forward;
 pub mod floor;
 pub mod load;
 pub mod threads;
@@ -747,7 +748,7 @@ async fn start_floor(
     Ok(addr)
 }
 
-async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
+pub(crate) async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
