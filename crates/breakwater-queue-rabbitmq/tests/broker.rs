@@ -207,3 +207,23 @@ async fn a_cut_connection_is_replaced_and_loses_nothing() {
     drop(q);
     proxy.shutdown().await;
 }
+
+/// A queue deleted under a running node: a publish comes back unroutable
+/// and is refused (the ingress's 503), never confirmed as durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_to_a_deleted_queue_is_refused() {
+    let name = QueueName::new();
+    let q = open(&url(), &name, &RabbitMqConfig::default()).await;
+    assert!(matches!(
+        q.enqueue(message("before")).await,
+        Ok(Enqueued::New { .. })
+    ));
+    RabbitMqQueue::destroy(&url(), &name.0, &RabbitMqConfig::default())
+        .await
+        .expect("delete the queues");
+    let refused = q.enqueue(message("after")).await;
+    assert!(
+        matches!(&refused, Err(QueueError::Unavailable(m)) if m.contains("no queue")),
+        "a publish to a deleted queue: {refused:?}"
+    );
+}

@@ -170,7 +170,20 @@ async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
         refused > 0,
         "the broker was out of reach for 10 webhooks, none refused"
     );
-    assert!(accepted.len() >= 100, "accepted only {}", accepted.len());
+    assert!(accepted.len() >= 50, "accepted only {}", accepted.len());
+    // The connection comes back by itself: webhooks are accepted again.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let event_id = format!("evt_cut_after_{n}");
+        let a = send(&http, &server, &event_id, 7).await;
+        if a.status == StatusCode::ACCEPTED {
+            accepted.push(event_id);
+            break;
+        }
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
+        assert!(Instant::now() < deadline, "never accepting again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let missing = never_applied(&db, &accepted).await;

@@ -125,7 +125,11 @@ async fn run_phases(
         cpu_of: Vec::new(),
     })
     .await?;
-    anyhow::ensure!(direct.errors == 0, "{} direct requests failed", direct.errors);
+    anyhow::ensure!(
+        direct.errors == 0,
+        "{} direct requests failed",
+        direct.errors
+    );
 
     eprintln!("phase 2/2: breakwater forwards {} messages", args.messages);
     let mut config = Config::default();
@@ -156,8 +160,8 @@ async fn run_phases(
     for f in fills {
         f.await??;
     }
-    let database = breakwater_sink::connect(&serve::sink_settings(&config), &Default::default())
-        .await?;
+    let database =
+        breakwater_sink::connect(&serve::sink_settings(&config), &Default::default()).await?;
     let target = ForwardTarget::new(ForwardSpec {
         url: format!("http://{receiver}/hooks"),
         timeout: Duration::from_secs(5),

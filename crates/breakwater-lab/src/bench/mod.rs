@@ -65,8 +65,8 @@
 //! capacity.
 
 pub mod drain;
-pub mod forward;
 pub mod floor;
+pub mod forward;
 pub mod load;
 pub mod threads;
 
