@@ -248,9 +248,15 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 }
 
 /// Logs to stderr, filtered by `RUST_LOG`, else at `default` and above.
+/// lapin's own channel log is off by default: it reports at error level
+/// every channel the broker closes, which the RabbitMQ backend does on
+/// purpose (a passive declare of a queue that may be missing, a DLQ scan
+/// handing its messages back), and the backend reports real failures
+/// itself.
 fn init_tracing(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{default},lapin::channel=off"))
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -82,7 +82,7 @@ impl From<SessionError> for QueueError {
     fn from(e: SessionError) -> Self {
         match e {
             SessionError::Missing { queue } => QueueError::Missing {
-                location: format!("queue {queue}"),
+                location: format!("RabbitMQ queue {queue}"),
             },
             other => QueueError::Unavailable(other.to_string()),
         }
