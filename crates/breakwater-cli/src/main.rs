@@ -90,6 +90,17 @@ enum Command {
         #[command(flatten)]
         config: ConfigPath,
     },
+    /// Audit a deployment against the checklist: signatures, the worker
+    /// role's timeouts (read from the live database), the pool, retries,
+    /// the breaker's signals, probes and ramp, the inbox's key. Exits
+    /// non-zero when an item fails.
+    Doctor {
+        /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        config: ConfigPath,
+    },
     /// Inspect the queue.
     Queue {
         #[command(subcommand)]
@@ -325,6 +336,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 outp!("{}", toml::to_string_pretty(&shown)?);
                 eprintln!("config ok");
             }
+            Ok(())
+        }
+        Command::Doctor { json, config } => {
+            let config = load_config(config.config.as_deref())?;
+            serve::check(&config)?;
+            let live = runtime()?.block_on(breakwater::doctor::gather(&config));
+            let findings = breakwater::doctor::audit(&config, &live);
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&findings)?);
+            } else {
+                for f in &findings {
+                    outln!("{:<5} {:<42} {}", f.verdict.as_str(), f.check, f.detail);
+                    if let Some(fix) = &f.fix {
+                        outln!("{:<5} {:<42} fix: {fix}", "", "");
+                    }
+                }
+            }
+            anyhow::ensure!(
+                !breakwater::doctor::failed(&findings),
+                "doctor: {} of {} items failed",
+                findings
+                    .iter()
+                    .filter(|f| f.verdict == breakwater::doctor::Verdict::Fail)
+                    .count(),
+                findings.len()
+            );
             Ok(())
         }
         Command::Queue {

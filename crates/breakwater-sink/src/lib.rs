@@ -36,6 +36,7 @@ mod sqlite;
 mod statement;
 
 pub use forward::{ForwardSpec, ForwardTarget};
+pub use postgres::DatabaseAudit;
 pub use routed::RoutedSink;
 pub use settings::{LockWaitersScope, SinkSettings, redact_url};
 
@@ -267,6 +268,24 @@ pub fn check(
 ) -> Result<(), SinkSetupError> {
     statement::compile_all(statements, dialect_of(settings)?)?;
     Ok(())
+}
+
+/// What `breakwater doctor` reads from the sink's database: the role's
+/// session defaults and the inbox's key (PostgreSQL; `Ok(None)` for
+/// SQLite, which has neither).
+pub async fn audit_database(settings: &SinkSettings) -> Result<Option<DatabaseAudit>, String> {
+    match dialect_of(settings).map_err(|e| e.to_string())? {
+        statement::Dialect::Postgres => postgres::audit::audit(
+            &settings.url,
+            settings
+                .acquire_timeout
+                .max(std::time::Duration::from_secs(5)),
+        )
+        .await
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", redact_url(&settings.url))),
+        statement::Dialect::Sqlite => Ok(None),
+    }
 }
 
 /// The database `settings` name, once they are valid.

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod breaker;
 pub mod config;
+pub mod doctor;
 pub mod http;
 pub mod ingress;
 pub mod queue;

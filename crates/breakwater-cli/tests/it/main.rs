@@ -6,6 +6,7 @@
 
 mod cli;
 mod crash;
+mod doctor;
 mod forward;
 mod ingress;
 mod lab;

@@ -17,6 +17,8 @@
 //! of the pool and closes it, so no pooled session is ever handed out inside
 //! an open transaction; the server rolls back when the socket closes.
 
+pub(crate) mod audit;
+pub use self::audit::DatabaseAudit;
 mod classify;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -19,6 +19,19 @@ pub enum SchemeName {
     Hmac,
 }
 
+impl SchemeName {
+    /// The name as the config writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stripe => "stripe",
+            Self::Shopify => "shopify",
+            Self::Github => "github",
+            Self::Standard => "standard",
+            Self::Hmac => "hmac",
+        }
+    }
+}
+
 /// HMAC algorithm of the generic scheme.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -1,0 +1,494 @@
+//! `breakwater doctor`: a deployment audited against the checklist of the
+//! article Breakwater answers (timeouts on the worker's role, a bounded
+//! pool, jittered and capped retries, every breaker signal, bounded
+//! probes and a ramp, an inbox keyed for idempotency, verified sources).
+//!
+//! [`audit`] is pure: the config and what was read from the live database
+//! ([`Live`]) in, findings out, so every verdict is tested without a
+//! database. [`gather`] reads the live facts.
+
+use serde::Serialize;
+
+use crate::config::{BackoffJitter, Config};
+use breakwater_sink::DatabaseAudit;
+
+/// A finding's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Warn,
+    Fail,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "pass",
+            Self::Warn => "warn",
+            Self::Fail => "fail",
+        }
+    }
+}
+
+/// One item of the checklist.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Short stable name, e.g. `role.lock_timeout`.
+    pub check: &'static str,
+    pub verdict: Verdict,
+    /// What was found.
+    pub detail: String,
+    /// What to do about it (absent on a pass).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+fn pass(check: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
+        check,
+        verdict: Verdict::Pass,
+        detail: detail.into(),
+        fix: None,
+    }
+}
+
+fn flag(
+    check: &'static str,
+    verdict: Verdict,
+    detail: impl Into<String>,
+    fix: impl Into<String>,
+) -> Finding {
+    Finding {
+        check,
+        verdict,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+/// What was read from the running system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Live {
+    /// The sources' secrets resolved (env, files): the error when not.
+    pub sources: Result<usize, String>,
+    /// The sink's database: `Ok(None)` for SQLite, the error when it could
+    /// not be read.
+    pub database: Result<Option<DatabaseAudit>, String>,
+}
+
+/// Reads the live facts `audit` needs.
+pub async fn gather(config: &Config) -> Live {
+    let sources = crate::source::compile_all(&config.sources)
+        .map(|s| s.len())
+        .map_err(|e| e.to_string());
+    let database = breakwater_sink::audit_database(&crate::serve::sink_settings(config)).await;
+    Live { sources, database }
+}
+
+/// The checklist, item by item.
+pub fn audit(config: &Config, live: &Live) -> Vec<Finding> {
+    let mut out = vec![sources(config, live)];
+    out.extend(role(config, live));
+    out.push(pool(config));
+    out.push(retries(config));
+    out.push(signals(config));
+    out.push(probes_and_ramp(config));
+    out.push(lease(config));
+    out
+}
+
+fn sources(config: &Config, live: &Live) -> Finding {
+    const CHECK: &str = "sources.signatures";
+    match &live.sources {
+        Ok(0) => flag(
+            CHECK,
+            Verdict::Warn,
+            "no [[source]]: every webhook is refused with 404",
+            "add a [[source]] per sender, with its signature scheme and secrets",
+        ),
+        Ok(n) => pass(
+            CHECK,
+            format!(
+                "{n} sources, each verifying its sender's signature ({})",
+                config
+                    .sources
+                    .iter()
+                    .map(|s| format!("{}: {}", s.name, s.scheme.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        Err(e) => flag(
+            CHECK,
+            Verdict::Fail,
+            format!("a source's secrets cannot be loaded: {e}"),
+            "set the secrets_env variable or secrets_file each source names",
+        ),
+    }
+}
+
+fn role(config: &Config, live: &Live) -> Vec<Finding> {
+    let sink = &config.sink;
+    let db = match &live.database {
+        Ok(Some(db)) => db,
+        Ok(None) => {
+            return vec![pass(
+                "role.timeouts",
+                format!(
+                    "SQLite: Breakwater's own busy timeout ({} ms) and deadline ({} ms) apply",
+                    sink.lock_timeout_ms, sink.statement_timeout_ms
+                ),
+            )];
+        }
+        Err(e) => {
+            return vec![flag(
+                "database.reachable",
+                Verdict::Fail,
+                format!("the sink's database cannot be read: {e}"),
+                "check sink.url and that the database answers",
+            )];
+        }
+    };
+    let role = &db.role;
+    let mut out = Vec::new();
+    out.push(if db.lock_timeout_ms == 0 {
+        flag(
+            "role.lock_timeout",
+            Verdict::Fail,
+            format!(
+                "role {role} has no lock_timeout: its sessions outside Breakwater's own \
+                 transactions (Breakwater sets {} ms per transaction) wait on a locked row \
+                 for ever",
+                sink.lock_timeout_ms
+            ),
+            format!(
+                "ALTER ROLE {role} SET lock_timeout = '{}ms'",
+                sink.lock_timeout_ms
+            ),
+        )
+    } else {
+        pass(
+            "role.lock_timeout",
+            format!("role {role}: lock_timeout {} ms", db.lock_timeout_ms),
+        )
+    });
+    out.push(
+        if db.statement_timeout_ms != 0
+            && db.lock_timeout_ms != 0
+            && db.statement_timeout_ms <= db.lock_timeout_ms
+        {
+            flag(
+                "role.statement_timeout",
+                Verdict::Fail,
+                format!(
+                    "role {role}: statement_timeout {} ms is not larger than lock_timeout {} ms, \
+                     so the statement timeout fires first and the lock timeout never does",
+                    db.statement_timeout_ms, db.lock_timeout_ms
+                ),
+                format!(
+                    "ALTER ROLE {role} SET statement_timeout = '{}ms'",
+                    sink.statement_timeout_ms
+                        .max(db.lock_timeout_ms.saturating_mul(5))
+                ),
+            )
+        } else if db.statement_timeout_ms == 0 {
+            flag(
+                "role.statement_timeout",
+                Verdict::Warn,
+                format!("role {role} has no statement_timeout"),
+                format!(
+                    "ALTER ROLE {role} SET statement_timeout = '{}ms'",
+                    sink.statement_timeout_ms
+                ),
+            )
+        } else {
+            pass(
+                "role.statement_timeout",
+                format!(
+                    "role {role}: statement_timeout {} ms, above lock_timeout",
+                    db.statement_timeout_ms
+                ),
+            )
+        },
+    );
+    out.push(if db.idle_in_transaction_timeout_ms == 0 {
+        flag(
+            "role.idle_in_transaction_session_timeout",
+            Verdict::Warn,
+            format!(
+                "role {role} has none (Breakwater sets {} ms on its own sessions): another \
+                 client's forgotten transaction holds its locks for ever",
+                sink.idle_in_transaction_timeout_ms
+            ),
+            format!(
+                "ALTER ROLE {role} SET idle_in_transaction_session_timeout = '{}ms'",
+                sink.idle_in_transaction_timeout_ms
+            ),
+        )
+    } else {
+        pass(
+            "role.idle_in_transaction_session_timeout",
+            format!("role {role}: {} ms", db.idle_in_transaction_timeout_ms),
+        )
+    });
+    out.push(match &db.inbox_key {
+        None => pass(
+            "inbox.key",
+            "no breakwater_inbox yet: the first serve creates it keyed on (source, event_id)",
+        ),
+        Some(key) if key.iter().map(String::as_str).eq(["source", "event_id"]) => pass(
+            "inbox.key",
+            "breakwater_inbox is keyed on (source, event_id): a redelivery has no second effect",
+        ),
+        Some(key) => flag(
+            "inbox.key",
+            Verdict::Fail,
+            format!("breakwater_inbox is keyed on ({})", key.join(", ")),
+            "rename the old table (ALTER TABLE breakwater_inbox RENAME TO \
+             breakwater_inbox_old) and restart, so the inbox is made keyed on \
+             (source, event_id)",
+        ),
+    });
+    out
+}
+
+fn pool(config: &Config) -> Finding {
+    let s = &config.sink;
+    const CHECK: &str = "sink.pool";
+    if s.acquire_timeout_ms > 5_000 {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "pool of {}, but a worker waits up to {} ms for a connection: saturation \
+                 surfaces late",
+                s.pool_max, s.acquire_timeout_ms
+            ),
+            "set sink.acquire_timeout_ms to 2000 or less",
+        )
+    } else {
+        pass(
+            CHECK,
+            format!(
+                "bounded pool of {} with a {} ms acquire timeout",
+                s.pool_max, s.acquire_timeout_ms
+            ),
+        )
+    }
+}
+
+fn retries(config: &Config) -> Finding {
+    let w = &config.workers;
+    const CHECK: &str = "workers.retries";
+    if w.backoff_jitter != BackoffJitter::Full {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "retry backoff without full jitter ({:?}): retries of one burst come back \
+                 together",
+                w.backoff_jitter
+            ),
+            "set workers.backoff_jitter = \"full\"",
+        )
+    } else if w.max_attempts < 2 {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            "one attempt: a transient failure dead-letters at once",
+            "set workers.max_attempts to 5",
+        )
+    } else {
+        pass(
+            CHECK,
+            format!(
+                "{} attempts, full jitter from {} ms capped at {} ms",
+                w.max_attempts, w.backoff_base_ms, w.backoff_cap_ms
+            ),
+        )
+    }
+}
+
+fn signals(config: &Config) -> Finding {
+    let b = &config.breaker;
+    const CHECK: &str = "breaker.signals";
+    let off: Vec<&str> = [
+        ("failure_ratio", b.failure_ratio.enabled),
+        ("slow_calls", b.slow_calls.enabled),
+        ("dlq", b.dlq.enabled),
+        ("in_flight", b.in_flight.enabled),
+        ("lock_wait", b.lock_wait.enabled),
+        ("db_lock_waiters", b.db_lock_waiters.enabled),
+    ]
+    .into_iter()
+    .filter(|(_, on)| !on)
+    .map(|(name, _)| name)
+    .collect();
+    if b.dry_run {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            "the breaker is in dry-run: it reports, it protects nothing",
+            "set breaker.dry_run = false once its decisions look right",
+        )
+    } else if !b.failure_ratio.enabled {
+        flag(
+            CHECK,
+            Verdict::Fail,
+            "the failure-ratio signal is off: a failing database is never noticed",
+            "set breaker.failure_ratio.enabled = true",
+        )
+    } else if off.is_empty() {
+        pass(CHECK, "every signal is on")
+    } else {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "off: {}{}",
+                off.join(", "),
+                if off.contains(&"dlq") {
+                    " (dlq is off by default, by design: a poison burst must not trip the \
+                     breaker; it is a signal for a fleet whose poison is rare)"
+                } else {
+                    ""
+                }
+            ),
+            "turn on what fits your traffic, or accept the gap knowingly",
+        )
+    }
+}
+
+fn probes_and_ramp(config: &Config) -> Finding {
+    let b = &config.breaker;
+    const CHECK: &str = "breaker.half_open";
+    if b.half_open.max_probes > 5 {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "{} probes at once half-open: a database still down takes them all",
+                b.half_open.max_probes
+            ),
+            "set breaker.half_open.max_probes to 1-3",
+        )
+    } else if b.ramp.steps.is_empty() {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            "no ramp: after the probes the whole pool returns at once",
+            "set breaker.ramp.steps, e.g. [0.1, 0.25, 0.5, 1.0]",
+        )
+    } else {
+        pass(
+            CHECK,
+            format!(
+                "{} probe(s), then a ramp through {:?} of the pool",
+                b.half_open.max_probes, b.ramp.steps
+            ),
+        )
+    }
+}
+
+fn lease(config: &Config) -> Finding {
+    pass(
+        "queue.redelivery",
+        format!(
+            "{} backend: attempts are counted apart from redeliveries and end in the DLQ \
+             after {}; a release never counts one",
+            config.queue.backend, config.workers.max_attempts
+        ),
+    )
+}
+
+/// Whether any finding failed.
+pub fn failed(findings: &[Finding]) -> bool {
+    findings.iter().any(|f| f.verdict == Verdict::Fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(lock: u64, statement: u64, idle: u64) -> DatabaseAudit {
+        DatabaseAudit {
+            role: "app".into(),
+            lock_timeout_ms: lock,
+            statement_timeout_ms: statement,
+            idle_in_transaction_timeout_ms: idle,
+            inbox_key: Some(vec!["source".into(), "event_id".into()]),
+        }
+    }
+
+    fn verdict(findings: &[Finding], check: &str) -> Verdict {
+        findings
+            .iter()
+            .find(|f| f.check == check)
+            .unwrap_or_else(|| panic!("no {check} in {findings:?}"))
+            .verdict
+    }
+
+    fn live(database: DatabaseAudit) -> Live {
+        Live {
+            sources: Ok(1),
+            database: Ok(Some(database)),
+        }
+    }
+
+    #[test]
+    fn a_role_without_lock_timeout_or_with_inverted_timeouts_fails() {
+        let config = Config::default();
+        let f = audit(&config, &live(db(0, 0, 0)));
+        assert_eq!(verdict(&f, "role.lock_timeout"), Verdict::Fail);
+        assert_eq!(verdict(&f, "role.statement_timeout"), Verdict::Warn);
+        assert!(failed(&f));
+        let f = audit(&config, &live(db(2_000, 1_000, 10_000)));
+        assert_eq!(verdict(&f, "role.statement_timeout"), Verdict::Fail);
+        let fix = f
+            .iter()
+            .find(|x| x.check == "role.statement_timeout")
+            .and_then(|x| x.fix.clone())
+            .unwrap_or_default();
+        assert!(
+            fix.starts_with("ALTER ROLE app SET statement_timeout"),
+            "{fix}"
+        );
+    }
+
+    #[test]
+    fn a_well_set_role_and_the_defaults_pass() {
+        let f = audit(&Config::default(), &live(db(1_000, 5_000, 10_000)));
+        assert!(!failed(&f), "{f:#?}");
+        for check in [
+            "role.lock_timeout",
+            "role.statement_timeout",
+            "role.idle_in_transaction_session_timeout",
+            "inbox.key",
+            "sink.pool",
+            "workers.retries",
+            "breaker.half_open",
+        ] {
+            assert_eq!(verdict(&f, check), Verdict::Pass, "{check}: {f:#?}");
+        }
+    }
+
+    #[test]
+    fn an_inbox_on_the_old_key_and_unloadable_secrets_fail() {
+        let mut d = db(1_000, 5_000, 10_000);
+        d.inbox_key = Some(vec!["event_id".into()]);
+        let mut l = live(d);
+        l.sources = Err("STRIPE_SECRETS is not set".into());
+        let f = audit(&Config::default(), &l);
+        assert_eq!(verdict(&f, "inbox.key"), Verdict::Fail);
+        assert_eq!(verdict(&f, "sources.signatures"), Verdict::Fail);
+    }
+
+    #[test]
+    fn a_breaker_that_cannot_see_failures_fails() {
+        let mut config = Config::default();
+        config.breaker.failure_ratio.enabled = false;
+        let f = audit(&config, &live(db(1_000, 5_000, 10_000)));
+        assert_eq!(verdict(&f, "breaker.signals"), Verdict::Fail);
+    }
+}
