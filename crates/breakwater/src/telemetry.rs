@@ -19,14 +19,14 @@ pub use breakwater_queue_embedded::telemetry::*;
 pub const QUEUE_MESSAGES: &str = "breakwater_queue_messages";
 /// Age of the oldest visible message, in seconds.
 pub const QUEUE_OLDEST_AGE_SECONDS: &str = "breakwater_queue_oldest_visible_age_seconds";
-/// Worker outcomes, by `source` and `outcome`
+/// Worker outcomes, by `outcome`
 /// (applied, duplicate, retried, dead_lettered, released).
 pub const WORKER_MESSAGES: &str = "breakwater_worker_messages_total";
 /// Sink apply latency, in seconds.
 pub const SINK_APPLY_SECONDS: &str = "breakwater_sink_apply_seconds";
 /// Sink failures by `class` (dependency, permanent) and `kind`.
 pub const SINK_FAILURES: &str = "breakwater_sink_failures_total";
-/// Breaker state as a number: 0 closed, 1 open, 2 half-open.
+/// Breaker state as a number: 0 closed, 1 open, 2 half-open, 3 ramping.
 pub const BREAKER_STATE: &str = "breakwater_breaker_state";
 /// Breaker concurrency limit.
 pub const BREAKER_LIMIT: &str = "breakwater_breaker_concurrency_limit";
