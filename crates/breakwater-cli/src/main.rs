@@ -57,6 +57,17 @@ fn broken_pipe(e: &anyhow::Error) -> bool {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format on stderr: `text` (default) or `json` (one object per
+    /// line, for a log pipeline).
+    #[arg(long, global = true, env = "BREAKWATER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// `--config`, on the commands that read the config (not `lab` and
@@ -264,15 +275,19 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
 /// purpose (a passive declare of a queue that may be missing, a DLQ scan
 /// handing its messages back), and the backend reports real failures
 /// itself.
-fn init_tracing(default: &str) {
+fn init_tracing(default: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!("{default},lapin::channel=off"))
     });
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -286,11 +301,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // Info for the service; for the other commands warnings only (a
     // config variable that names no section, a slow group commit in
     // `bench ingress`), their output being their report.
-    init_tracing(if matches!(cli.command, Command::Serve { .. }) {
-        "info"
-    } else {
-        "warn"
-    });
+    init_tracing(
+        if matches!(cli.command, Command::Serve { .. }) {
+            "info"
+        } else {
+            "warn"
+        },
+        cli.log_format,
+    );
     match cli.command {
         Command::Serve { role, config } => {
             let config = load_config(config.config.as_deref())?;

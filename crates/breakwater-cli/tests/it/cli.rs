@@ -263,3 +263,39 @@ fn config_check_hides_every_password_the_driver_would_read() {
     assert!(!shown.contains("k3y"), "{shown}");
     assert!(shown.contains("<redacted>"), "{shown}");
 }
+
+/// `--log-format json` (or `BREAKWATER_LOG_FORMAT=json`): every log line
+/// is one JSON object, with the level, the target and the message.
+#[test]
+fn logs_can_be_json_lines() {
+    use std::io::{BufRead, BufReader};
+    let sandbox = Sandbox::new("");
+    let mut child = Command::new(binary())
+        .args(["serve", "--config"])
+        .arg(sandbox.config_path())
+        .env("BREAKWATER_LOG_FORMAT", "json")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = Vec::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        let listening = line.contains("listening");
+        lines.push(line);
+        if listening || lines.len() > 50 {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!lines.is_empty(), "no log lines");
+    for line in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(v["level"].is_string(), "{v}");
+        assert!(v["fields"]["message"].is_string(), "{v}");
+    }
+    assert!(lines.iter().any(|l| l.contains("listening")), "{lines:?}");
+}

@@ -104,6 +104,8 @@ impl Job {
 struct Done {
     job: Job,
     result: Result<Applied, SinkError>,
+    /// How long the apply took, for the settle log line.
+    took: Duration,
 }
 
 /// [`apply_once`], turning a panic in the sink into a permanent failure,
@@ -430,8 +432,13 @@ impl Dispatcher {
         let controller = Arc::clone(&self.controller);
         let held = (job.delivery.receipt.clone(), job.key().map(str::to_owned));
         let task = self.running.spawn(async move {
+            let started = Instant::now();
             let result = apply_guarded(sink.as_ref(), &controller, &job).await;
-            Done { job, result }
+            Done {
+                job,
+                result,
+                took: started.elapsed(),
+            }
         });
         self.receipts.insert(task.id(), held);
     }
@@ -472,7 +479,7 @@ impl Dispatcher {
 
     fn settle(&mut self, done: Done) {
         let now = Instant::now();
-        let Done { job, result } = done;
+        let Done { job, result, took } = done;
         let key = job.key().map(str::to_owned);
         let lane_outcome = match &result {
             Ok(_) => LaneOutcome::Success,
@@ -484,6 +491,9 @@ impl Dispatcher {
         let receipt = job.delivery.receipt.clone();
         let count = |outcome: &'static str| {
             metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => outcome).increment(1);
+            // One line per event settled (no payload, no secret).
+            tracing::debug!(source = %m.source, event_id = %m.event_id, outcome,
+                attempt = m.attempts + 1, apply_ms = took.as_millis() as u64, "settled");
         };
         match result {
             Ok(applied) => {
