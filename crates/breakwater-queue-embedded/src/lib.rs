@@ -25,6 +25,7 @@
 //! duplicates; the sink's inbox still applies each event once).
 
 mod budget;
+mod clock;
 pub mod config;
 pub(crate) mod dedup;
 pub(crate) mod store;

@@ -150,12 +150,7 @@ fn lease_lost(id: i64) -> QueueError {
     QueueError::LeaseLost { id: id.to_string() }
 }
 
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub(crate) use crate::clock::now_ms;
 
 /// A group commit this slow is a warning: about 40 times a full-load
 /// commit (0.5 ms). Rare stalls set the ingress's tail latency, and the
