@@ -469,6 +469,14 @@ mod tests {
         let id = source.identify(&HeaderMap::new(), body);
         assert_eq!(id.event_id, "9007199254740993");
         assert_eq!(id.entity_key.as_deref(), Some("18446744073709551615"));
+        // Past 2^64 (a float in a `Value`): still every digit, so two ids
+        // one apart stay two.
+        let a = source.identify(&HeaderMap::new(), br#"{"id": 18446744073709551616}"#);
+        let b = source.identify(&HeaderMap::new(), br#"{"id": -18446744073709551617}"#);
+        assert_eq!(a.event_id, "18446744073709551616");
+        assert_eq!(b.event_id, "-18446744073709551617");
+        let c = source.identify(&HeaderMap::new(), br#"{"id": 1.5e3}"#);
+        assert_eq!(c.event_id, "1500.0", "a float is rendered as a number");
     }
 
     #[test]

@@ -13,14 +13,42 @@
 //! The answers are those of `serde_json::from_slice::<Value>(body)` followed
 //! by [`Value::pointer`]: a body that is not one JSON document yields
 //! nothing, a repeated member name means its last occurrence, and array
-//! indices follow the RFC (no sign, no leading zero). One difference: a
-//! skipped string is not checked for valid UTF-8.
+//! indices follow the RFC (no sign, no leading zero). Two differences: a
+//! skipped string is not checked for valid UTF-8, and an integer a pointer
+//! points at that does not fit `u64`/`i64` comes back as its digits in a
+//! string (a `Value` would round it to a float, and ids one apart would
+//! collide).
 
 use std::fmt;
 
 use serde::Deserialize as _;
-use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{
+    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// `node` as a pointer answers it: an integer too large for `u64`/`i64`
+/// (which a `Value` holds as a float, rounded) as the digits it was sent
+/// with, in a string; anything else as it is.
+fn exact(node: Value, raw: &str) -> Value {
+    match &node {
+        Value::Number(n) if !(n.is_u64() || n.is_i64()) => {
+            let text = raw.trim();
+            let integer = text
+                .strip_prefix('-')
+                .unwrap_or(text)
+                .bytes()
+                .all(|b| b.is_ascii_digit());
+            if integer {
+                Value::String(text.to_owned())
+            } else {
+                node
+            }
+        }
+        _ => node,
+    }
+}
 
 /// A JSON pointer split into its reference tokens, unescaped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,14 +152,20 @@ impl<'de> DeserializeSeed<'de> for Walk<'_, '_> {
             .any(|i| self.pointers[i].tokens.len() == self.depth);
         if ends_here {
             // Some pointer wants this whole node: build it once and answer
-            // every pointer through here from it.
-            let node = Value::deserialize(de)?;
+            // every pointer through here from it. Its text is kept too: an
+            // integer past 2^64 becomes a float in a `Value`, and two such
+            // ids would collide.
+            let raw = Box::<RawValue>::deserialize(de)?;
+            let node: Value = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
             for i in self.indices() {
                 let rest = &self.pointers[i].tokens[self.depth..];
-                self.found[i] = rest
-                    .iter()
-                    .try_fold(&node, |v, token| step(v, token))
-                    .cloned();
+                self.found[i] = if rest.is_empty() {
+                    Some(exact(node.clone(), raw.get()))
+                } else {
+                    rest.iter()
+                        .try_fold(&node, |v, token| step(v, token))
+                        .cloned()
+                };
             }
             return Ok(());
         }
