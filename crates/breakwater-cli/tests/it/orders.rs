@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use http::StatusCode;
+
 use crate::pg::ScratchDb;
 use crate::utils::*;
 
@@ -66,4 +68,118 @@ pub async fn inbox_rows(db: &ScratchDb) -> i64 {
         .await
         .expect("inbox")
         .get(0)
+}
+
+/// Sends 10 good orders and 4 the orders table refuses (a constraint
+/// violation), then asserts: the good ones applied, each bad one in the
+/// DLQ as permanent with the constraint named, the breaker closed and
+/// never moved.
+pub async fn poison_reaches_the_dlq_and_the_breaker_stays_closed(
+    http: &Http,
+    server: &Server,
+    db: &ScratchDb,
+) {
+    for i in 0..10 {
+        let a = send(http, server, &format!("evt_good_{i}"), 1 + i).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    for i in 0..4 {
+        // The orders table refuses this status: a constraint violation.
+        let body = serde_json::to_vec(&serde_json::json!({
+            "id": format!("evt_poison_{i}"),
+            "data": {"object": {"id": 20 + i, "status": "poison"}}
+        }))
+        .expect("json");
+        let a = post_stripe(http, server, body).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    wait_for_applied(db, 10, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dlq = loop {
+        let list = http.get(&server.admin_url("/dlq")).await.json();
+        if list["items"].as_array().map_or(0, Vec::len) == 4 {
+            break list;
+        }
+        assert!(Instant::now() < deadline, "DLQ: {list}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for item in dlq["items"].as_array().into_iter().flatten() {
+        assert_eq!(item["class"], "permanent", "{item}");
+        assert!(
+            item["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("constraint")),
+            "{item}"
+        );
+    }
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
+    assert_eq!(
+        view["breaker"]["history"].as_array().map(Vec::len),
+        Some(0),
+        "{view}"
+    );
+}
+
+/// Sends 120 orders 20 ms apart through a broker outage: `outage(true)`
+/// before the 50th, `outage(false)` before the 60th. Asserts that some
+/// were refused with 503 and none got another answer, that the ingress
+/// accepts again once the broker is back, that every accepted one is
+/// applied (a refused one may be too: a 503 promises nothing either way,
+/// and the sender retries it), and that each effect happened once.
+pub async fn burst_through_a_broker_outage(
+    http: &Http,
+    server: &Server,
+    db: &ScratchDb,
+    mut outage: impl FnMut(bool),
+) {
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..120 {
+        if i == 50 {
+            outage(true);
+        }
+        if i == 60 {
+            outage(false);
+        }
+        let event_id = format!("evt_outage_{i}");
+        let a = send(http, server, &event_id, 1 + i % 50).await;
+        match a.status {
+            StatusCode::ACCEPTED => accepted.push(event_id),
+            StatusCode::SERVICE_UNAVAILABLE => refused += 1,
+            other => panic!("answered {other}: {:?}", a.body),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        refused > 0,
+        "the broker was out of reach for 10 webhooks, none refused"
+    );
+    assert!(accepted.len() >= 50, "accepted only {}", accepted.len());
+    // The broker is back: the ingress accepts again by itself.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let event_id = format!("evt_outage_after_{n}");
+        let a = send(http, server, &event_id, 7).await;
+        if a.status == StatusCode::ACCEPTED {
+            accepted.push(event_id);
+            break;
+        }
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
+        assert!(Instant::now() < deadline, "never accepting again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let missing = never_applied(db, &accepted).await;
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} acknowledged webhooks never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(applied(db).await, inbox_rows(db).await, "an effect twice");
 }

@@ -14,7 +14,10 @@ use breakwater_queue_rabbitmq::RabbitMqQueue;
 use breakwater_queue_rabbitmq::rabbitmqctl::{counts_become, prefetches, queue_counts};
 use http::StatusCode;
 
-use crate::orders::{applied, inbox_rows, never_applied, send, wait_for_applied};
+use crate::orders::{
+    applied, burst_through_a_broker_outage, poison_reaches_the_dlq_and_the_breaker_stays_closed,
+    send, wait_for_applied,
+};
 use crate::pg::ScratchDb;
 use crate::utils::*;
 use crate::worker::{ORDERS, sink_config};
@@ -146,57 +149,16 @@ async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
     let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    let mut accepted = Vec::new();
-    let mut refused = 0;
-    for i in 0..120 {
-        if i == 50 {
+    burst_through_a_broker_outage(&http, &server, &db, |down| {
+        if down {
             proxy.set(Fault::Refuse);
             proxy.set(Fault::ResetAll);
             proxy.set(Fault::Refuse);
-        }
-        if i == 60 {
+        } else {
             proxy.set(Fault::None);
         }
-        let event_id = format!("evt_cut_{i}");
-        let a = send(&http, &server, &event_id, 1 + i % 50).await;
-        match a.status {
-            StatusCode::ACCEPTED => accepted.push(event_id),
-            StatusCode::SERVICE_UNAVAILABLE => refused += 1,
-            other => panic!("answered {other}: {:?}", a.body),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        refused > 0,
-        "the broker was out of reach for 10 webhooks, none refused"
-    );
-    assert!(accepted.len() >= 50, "accepted only {}", accepted.len());
-    // The connection comes back by itself: webhooks are accepted again.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for n in 0.. {
-        let event_id = format!("evt_cut_after_{n}");
-        let a = send(&http, &server, &event_id, 7).await;
-        if a.status == StatusCode::ACCEPTED {
-            accepted.push(event_id);
-            break;
-        }
-        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", a.body);
-        assert!(Instant::now() < deadline, "never accepting again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let missing = never_applied(&db, &accepted).await;
-        if missing == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{missing} acknowledged webhooks never applied"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert_eq!(applied(&db).await, inbox_rows(&db).await, "an effect twice");
+    })
+    .await;
     drop(server);
     proxy.shutdown().await;
 }
@@ -211,44 +173,5 @@ async fn poison_reaches_the_dlq_queue_and_the_breaker_stays_closed() {
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    for i in 0..10 {
-        let a = send(&http, &server, &format!("evt_good_{i}"), 1 + i).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-    }
-    for i in 0..4 {
-        // The orders table refuses this status: a constraint violation.
-        let body = serde_json::to_vec(&serde_json::json!({
-            "id": format!("evt_poison_{i}"),
-            "data": {"object": {"id": 20 + i, "status": "poison"}}
-        }))
-        .expect("json");
-        let a = post_stripe(&http, &server, body).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-    }
-    wait_for_applied(&db, 10, Duration::from_secs(20)).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let dlq = loop {
-        let list = http.get(&server.admin_url("/dlq")).await.json();
-        if list["items"].as_array().map_or(0, Vec::len) == 4 {
-            break list;
-        }
-        assert!(Instant::now() < deadline, "DLQ: {list}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    for item in dlq["items"].as_array().into_iter().flatten() {
-        assert_eq!(item["class"], "permanent", "{item}");
-        assert!(
-            item["error"]
-                .as_str()
-                .is_some_and(|e| e.contains("constraint")),
-            "{item}"
-        );
-    }
-    let view = http.get(&server.admin_url("/breaker")).await.json();
-    assert_eq!(view["breaker"]["state"], "closed", "{view}");
-    assert_eq!(
-        view["breaker"]["history"].as_array().map(Vec::len),
-        Some(0),
-        "{view}"
-    );
+    poison_reaches_the_dlq_and_the_breaker_stays_closed(&http, &server, &db).await;
 }

@@ -205,30 +205,18 @@ async fn drain(
     sink: Arc<dyn breakwater_sink::Sink>,
 ) -> anyhow::Result<f64> {
     let queue = breakwater::queue::open(&config.queue, OpenMode::Serve).await?;
-    let mut fills = Vec::new();
-    for i in 0..args.messages {
+    super::fill_queue(&queue, args.messages, |i| {
         let order = 1 + (i as i64 % ORDERS);
-        let q = Arc::clone(&queue);
-        fills.push(tokio::spawn(async move {
-            q.enqueue(NewMessage {
-                source: "stripe".to_owned(),
-                event_id: format!("evt_drain_{i}"),
-                entity_key: Some(order.to_string()),
-                headers: Vec::new(),
-                body: Bytes::from(payload(i, order)),
-                received_at_ms: breakwater::ingress::unix_now_ms(),
-            })
-            .await
-        }));
-        if fills.len() >= 512 {
-            for f in fills.drain(..) {
-                f.await??;
-            }
+        NewMessage {
+            source: "stripe".to_owned(),
+            event_id: format!("evt_drain_{i}"),
+            entity_key: Some(order.to_string()),
+            headers: Vec::new(),
+            body: Bytes::from(payload(i, order)),
+            received_at_ms: breakwater::ingress::unix_now_ms(),
         }
-    }
-    for f in fills {
-        f.await??;
-    }
+    })
+    .await?;
     let mut breaker = config.breaker.clone();
     breaker.max_concurrency = args.concurrency;
     let controller = Controller::new(breaker, args.concurrency as usize)?;

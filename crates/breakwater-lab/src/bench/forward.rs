@@ -136,30 +136,16 @@ async fn run_phases(
     config.sink.url = format!("sqlite://{}", dir.join("sink.db").display());
     config.workers.max_concurrency = args.concurrency;
     let queue_config = EmbeddedConfig::at(dir.join("queue"));
-    let queue = Arc::new(EmbeddedQueue::open(&queue_config)?);
-    let mut fills = Vec::new();
-    for i in 0..args.messages {
-        let q = Arc::clone(&queue);
-        fills.push(tokio::spawn(async move {
-            q.enqueue(NewMessage {
-                source: "stripe".to_owned(),
-                event_id: format!("evt_forward_{i}"),
-                entity_key: None,
-                headers: vec![("content-type".to_owned(), "application/json".to_owned())],
-                body: Bytes::from(load::stripe_body(&format!("evt_forward_{i}"), "1", 1024)),
-                received_at_ms: breakwater::ingress::unix_now_ms(),
-            })
-            .await
-        }));
-        if fills.len() >= 512 {
-            for f in fills.drain(..) {
-                f.await??;
-            }
-        }
-    }
-    for f in fills {
-        f.await??;
-    }
+    let queue: Arc<dyn Queue> = Arc::new(EmbeddedQueue::open(&queue_config)?);
+    super::fill_queue(&queue, args.messages, |i| NewMessage {
+        source: "stripe".to_owned(),
+        event_id: format!("evt_forward_{i}"),
+        entity_key: None,
+        headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+        body: Bytes::from(load::stripe_body(&format!("evt_forward_{i}"), "1", 1024)),
+        received_at_ms: breakwater::ingress::unix_now_ms(),
+    })
+    .await?;
     let database =
         breakwater_sink::connect(&serve::sink_settings(&config), &Default::default()).await?;
     let target = ForwardTarget::new(ForwardSpec {
@@ -174,7 +160,6 @@ async fn run_phases(
         database,
         HashMap::from([("stripe".to_owned(), target)]),
     ));
-    let queue: Arc<dyn Queue> = queue;
     let mut breaker = config.breaker.clone();
     breaker.max_concurrency = args.concurrency;
     let controller = Controller::new(breaker, args.concurrency as usize)?;

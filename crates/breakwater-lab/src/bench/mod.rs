@@ -748,6 +748,30 @@ async fn start_floor(
     Ok(addr)
 }
 
+/// Puts `n` messages (the `i`th made by `message(i)`) in `queue`, 512
+/// enqueues in flight at a time, before a drain is timed.
+pub(crate) async fn fill_queue(
+    queue: &std::sync::Arc<dyn breakwater::queue::Queue>,
+    n: usize,
+    message: impl Fn(usize) -> breakwater::queue::NewMessage,
+) -> anyhow::Result<()> {
+    let mut fills = Vec::new();
+    for i in 0..n {
+        let q = std::sync::Arc::clone(queue);
+        let m = message(i);
+        fills.push(tokio::spawn(async move { q.enqueue(m).await }));
+        if fills.len() >= 512 {
+            for f in fills.drain(..) {
+                f.await??;
+            }
+        }
+    }
+    for f in fills {
+        f.await??;
+    }
+    Ok(())
+}
+
 pub(crate) async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
