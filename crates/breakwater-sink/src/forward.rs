@@ -32,7 +32,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
-use crate::{Applied, Event, SinkError, SinkSetupError};
+use crate::target_gate::{GateSettings, Pass, TargetGate};
+use crate::{Applied, Event, SinkError, SinkSetupError, TargetFailure};
 
 /// Most bytes of a refusal's body kept in the DLQ entry.
 const EXCERPT_BYTES: usize = 512;
@@ -63,6 +64,9 @@ pub struct ForwardTarget {
     uri: Uri,
     client: Client<HttpConnector, Full<Bytes>>,
     permits: Arc<Semaphore>,
+    /// This target's own breaker, consulted when the process forwards to
+    /// several targets.
+    gate: std::sync::Mutex<TargetGate>,
 }
 
 impl std::fmt::Debug for ForwardTarget {
@@ -104,6 +108,7 @@ impl ForwardTarget {
             .http2_only(spec.http2)
             .build(connector);
         Ok(Self {
+            gate: std::sync::Mutex::new(TargetGate::new(GateSettings::default())),
             permits: Arc::new(Semaphore::new(spec.max_connections)),
             spec,
             uri,
@@ -117,8 +122,57 @@ impl ForwardTarget {
         (max - self.permits.available_permits().min(max), max)
     }
 
-    /// POSTs `event` to the target; `attempt` is 1 for the first try.
-    pub async fn forward(&self, event: &Event<'_>, attempt: u32) -> Result<Applied, SinkError> {
+    fn gate(&self) -> std::sync::MutexGuard<'_, TargetGate> {
+        self.gate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// POSTs `event` to the target; `attempt` is 1 for the first try. With
+    /// `scoped` (the process forwards to several targets) the target's own
+    /// gate refuses it fast while the target is failing, and its failures
+    /// carry [`SinkError::target`].
+    pub async fn forward(
+        &self,
+        event: &Event<'_>,
+        attempt: u32,
+        scoped: bool,
+    ) -> Result<Applied, SinkError> {
+        if !scoped {
+            return self.send(event, attempt).await;
+        }
+        let url = &self.spec.url;
+        let probe = match self.gate().pass(tokio::time::Instant::now().into_std()) {
+            Pass::Go => false,
+            Pass::Probe => true,
+            Pass::Refused(wait) => {
+                let mut e = SinkError::dependency(
+                    "target_open",
+                    format!("{url} is failing: its gate holds requests back for {wait:?}"),
+                );
+                e.retry_after = Some(wait);
+                e.target = Some(TargetFailure { in_trouble: true });
+                return Err(e);
+            }
+        };
+        let result = self.send(event, attempt).await;
+        let failed = result.as_ref().is_err_and(SinkError::is_dependency);
+        let mut gate = self.gate();
+        let opened = gate.record(failed, probe, tokio::time::Instant::now().into_std());
+        let in_trouble = opened || probe || gate.in_trouble();
+        drop(gate);
+        result.map_err(|mut e| {
+            if e.is_dependency() {
+                e.target = Some(TargetFailure { in_trouble });
+                if in_trouble && e.retry_after.is_none() {
+                    e.retry_after = Some(GateSettings::default().cool_down);
+                }
+            }
+            e
+        })
+    }
+
+    async fn send(&self, event: &Event<'_>, attempt: u32) -> Result<Applied, SinkError> {
         let url = &self.spec.url;
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
         let _permit = tokio::time::timeout_at(deadline, self.permits.acquire())

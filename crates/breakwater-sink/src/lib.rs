@@ -34,11 +34,13 @@ mod routed;
 mod settings;
 mod sqlite;
 mod statement;
+mod target_gate;
 
 pub use forward::{ForwardSpec, ForwardTarget};
 pub use postgres::DatabaseAudit;
 pub use routed::RoutedSink;
 pub use settings::{LockWaitersScope, SinkSettings, redact_url};
+pub use target_gate::{GateSettings, Pass, TargetGate};
 
 /// One webhook to apply.
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +111,19 @@ pub struct SinkError {
     /// `Retry-After`): the retry waits at least this long, within the
     /// backoff cap.
     pub retry_after: Option<std::time::Duration>,
+    /// Set when the failure is one forward target's, in a process that
+    /// forwards to several (its own gate weighs it, not the process's
+    /// breaker); `None` for the database's or a lone target's.
+    pub target: Option<TargetFailure>,
+}
+
+/// A failure of one of several forward targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetFailure {
+    /// The target's gate was open or probing, or this failure opened it:
+    /// the target's fault, not the message's. The message goes back
+    /// untried (no attempt counted) for `retry_after`.
+    pub in_trouble: bool,
 }
 
 impl SinkError {
@@ -143,6 +158,7 @@ impl SinkError {
             code: None,
             message: message.into(),
             retry_after: None,
+            target: None,
         }
     }
 
@@ -154,6 +170,7 @@ impl SinkError {
             code: None,
             message: message.into(),
             retry_after: None,
+            target: None,
         }
     }
 
@@ -326,6 +343,7 @@ mod log_tests {
             kind: "constraint",
             code: Some("23505".into()),
             retry_after: None,
+            target: None,
             message: "duplicate key value violates unique constraint \"orders_pkey\" \
                       (Key (email)=(alice@example.com) already exists.) [constraint orders_pkey]"
                 .into(),

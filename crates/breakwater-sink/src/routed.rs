@@ -1,6 +1,8 @@
 //! One sink for the workers when some sources forward over HTTP: each
 //! event goes to its source's forward target if it has one, else to the
-//! database sink. The database's lock view stays the database's; the pool
+//! database sink. With several targets each one's failures are its own
+//! (its gate, `target_gate.rs`), so one failing service pauses neither the
+//! other services nor the database. The database's lock view stays the database's; the pool
 //! usage the breaker reads is the database pool's and every target's
 //! together.
 
@@ -16,6 +18,9 @@ use crate::{Applied, Event, LockSnapshot, Sink, SinkError};
 pub struct RoutedSink {
     database: Arc<dyn Sink>,
     forwards: HashMap<String, ForwardTarget>,
+    /// Several targets: each weighs its own failures (its gate), so one
+    /// failing service pauses neither the others nor the database.
+    scoped: bool,
 }
 
 impl std::fmt::Debug for RoutedSink {
@@ -30,7 +35,12 @@ impl RoutedSink {
     /// Routes the sources of `forwards` to their targets, the rest to
     /// `database`.
     pub fn new(database: Arc<dyn Sink>, forwards: HashMap<String, ForwardTarget>) -> Self {
-        Self { database, forwards }
+        let scoped = forwards.len() > 1;
+        Self {
+            database,
+            forwards,
+            scoped,
+        }
     }
 }
 
@@ -38,7 +48,7 @@ impl RoutedSink {
 impl Sink for RoutedSink {
     async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
         match self.forwards.get(event.source) {
-            Some(target) => target.forward(event, event.attempt).await,
+            Some(target) => target.forward(event, event.attempt, self.scoped).await,
             None => self.database.apply(event).await,
         }
     }

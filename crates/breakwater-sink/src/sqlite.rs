@@ -408,6 +408,7 @@ pub(crate) fn classify(err: rusqlite::Error) -> SinkError {
         code: Some(sqlite.extended_code.to_string()),
         message,
         retry_after: None,
+        target: None,
     }
 }
 

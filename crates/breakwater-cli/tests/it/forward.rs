@@ -231,3 +231,84 @@ async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
         "the breaker never opened: {view}"
     );
 }
+
+/// Two targets, one down: the other keeps receiving while the down one's
+/// own gate holds its webhooks back (the process's breaker never opens, so
+/// the database's sources flow too); nothing is dead-lettered, and once
+/// the down one answers again it gets every webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_target_down_pauses_neither_the_other_nor_the_breaker() {
+    let down_for = Duration::from_secs(6);
+    let down = Receiver::start(Arc::new(move |_, elapsed| {
+        if elapsed < down_for {
+            Reply::Status(StatusCode::SERVICE_UNAVAILABLE, Vec::new())
+        } else {
+            Reply::Status(StatusCode::OK, Vec::new())
+        }
+    }))
+    .await;
+    let up = Receiver::start(always(StatusCode::OK)).await;
+    let sandbox = Sandbox::new(&format!(
+        "forward = {{ url = \"{}\" }}\n\n[[source]]\nname = \"second\"\nscheme = \"stripe\"\n\
+         secrets = [\"{STRIPE_SECRET}\"]\nforward = {{ url = \"{}\" }}\n",
+        down.url("/down"),
+        up.url("/up")
+    ));
+    let server = start(&sandbox);
+    let http = Http::default();
+    let n = 30;
+    for i in 0..n {
+        send(&http, &server, &format!("evt_down_{i}")).await;
+        let body = stripe_event(&format!("evt_up_{i}"), "7");
+        let headers = stripe_headers(&body, unix_now());
+        let a = http
+            .post(&server.url("/webhooks/second"), &headers, body)
+            .await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    // All of the healthy target's, while the other is still down.
+    let got = up.wait_for(n, Duration::from_secs(5)).await;
+    let last = got.iter().map(|r| r.at).max().expect("requests");
+    assert!(
+        last.duration_since(down.started) < down_for,
+        "the healthy target waited for the down one"
+    );
+    let seen_while_down = down
+        .received()
+        .iter()
+        .filter(|r| r.at.duration_since(down.started) < down_for)
+        .count();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let delivered: std::collections::BTreeSet<String> = down
+            .received()
+            .iter()
+            .filter(|r| r.at.duration_since(down.started) >= down_for)
+            .map(|r| header(r, "idempotency-key").to_owned())
+            .collect();
+        let stats = queue_stats(&http, &server).await;
+        if (0..n).all(|i| delivered.contains(&format!("evt_down_{i}")))
+            && stats["visible"] == 0
+            && stats["in_flight"] == 0
+            && stats["delayed"] == 0
+        {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not all delivered: {stats}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(
+        view["breaker"]["history"].as_array().map(Vec::len),
+        Some(0),
+        "the process's breaker moved for one target: {view}"
+    );
+    // Its gate held the down one's webhooks back: far fewer requests than
+    // one per webhook per retry while it was down.
+    assert!(
+        seen_while_down < 3 * n,
+        "{seen_while_down} requests reached the down target while it was down"
+    );
+}

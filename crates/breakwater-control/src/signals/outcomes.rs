@@ -37,7 +37,8 @@ pub enum OutcomeClass {
     /// hot-key lanes set the key aside: the key's trouble, not the
     /// dependency's health, so neither a call nor a failure for the ratios
     /// (and no evidence either way for a probe). Global lock trouble still
-    /// shows in the lock-wait and lock-waiter signals.
+    /// shows in the lock-wait and lock-waiter signals. Also one of several
+    /// forward targets failing behind its own gate.
     KeyContention,
 }
 

@@ -87,6 +87,7 @@ pub(crate) fn classify(err: &tokio_postgres::Error) -> SinkError {
             code: Some(code.to_owned()),
             message: db_message(db),
             retry_after: None,
+            target: None,
         };
     }
     if let Some(code) = err.code() {
@@ -97,6 +98,7 @@ pub(crate) fn classify(err: &tokio_postgres::Error) -> SinkError {
             code: Some(code.code().to_owned()),
             message: err.to_string(),
             retry_after: None,
+            target: None,
         };
     }
     let message = error_chain(err);

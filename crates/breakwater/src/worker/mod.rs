@@ -170,6 +170,9 @@ async fn apply_once(
     let class = match &result {
         Ok(_) => OutcomeClass::Success,
         Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
+        // One of several forward targets, weighed by its own gate: neither
+        // a call nor a failure for the process's breaker.
+        Err(e) if e.target.is_some() => OutcomeClass::KeyContention,
         // A row lock on a key the lane sets aside: that key's trouble while
         // few keys have it (a probe's outcome always counts).
         Err(e) if e.kind == "lock_timeout" && job.laned && job.probe.is_none() => {
@@ -519,6 +522,11 @@ impl Dispatcher {
                     tracing::warn!(source = %m.source, event_id = %m.event_id,
                         error = %e.log_summary(), "permanent failure: dead-lettered");
                     self.dead_letter(receipt, "permanent", e.to_string());
+                } else if e.target.is_some_and(|t| t.in_trouble) {
+                    // Its forward target is failing, behind its own gate:
+                    // back untried, for when the gate lets it through.
+                    count("released");
+                    self.release(receipt, e.retry_after.unwrap_or(Duration::from_secs(1)));
                 } else if let Some(park) = next.parked_for {
                     count("released");
                     tracing::info!(key = ?key, park_ms = park.as_millis() as u64, error = %e,
