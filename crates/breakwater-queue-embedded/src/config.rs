@@ -22,6 +22,11 @@ pub struct EmbeddedConfig {
     /// 503 (a ceiling on that memory: `max_pending` alone would allow
     /// `max_pending` x `ingress.max_body_bytes`).
     pub max_pending_bytes: usize,
+    /// Most event ids the in-memory duplicate index holds (about 30 bytes
+    /// each). Past it, new event ids are not indexed: a redelivery of one
+    /// is queued again (202, not 200 duplicate) and the sink's inbox
+    /// applies it once.
+    pub dedup_index_max: usize,
 }
 
 impl Default for EmbeddedConfig {
@@ -32,6 +37,7 @@ impl Default for EmbeddedConfig {
             max_batch: 1024,
             max_pending: 16_384,
             max_pending_bytes: 256 * 1024 * 1024,
+            dedup_index_max: 5_000_000,
         }
     }
 }

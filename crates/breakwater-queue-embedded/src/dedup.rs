@@ -17,9 +17,12 @@
 //! once, while an invented one would drop a webhook.
 //!
 //! It holds every event id the store holds (queued, dead-lettered, and
-//! acked within the dedup window): about 20–40 bytes each. It is built from
-//! the store by the first enqueue, so processes that never enqueue (the
-//! CLI, `--role worker`) neither scan for it nor hold it.
+//! acked within the dedup window), up to `dedup_index_max` (about 30 bytes
+//! each: 5 million by default, ~150 MiB): past it a new event id is not
+//! indexed, which is the same as a missed duplicate (queued twice, applied
+//! once), so memory has a ceiling whatever rate x window comes. It is
+//! built from the store by the first enqueue, so processes that never
+//! enqueue (the CLI, `--role worker`) neither scan for it nor hold it.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -35,18 +38,30 @@ pub(crate) fn key(source: &str, event_id: &str) -> u64 {
 }
 
 /// The index: empty until the first enqueue loads it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct DedupIndex {
     loaded: Option<Loaded>,
+    max: usize,
+}
+
+impl Default for DedupIndex {
+    fn default() -> Self {
+        Self::new(usize::MAX)
+    }
 }
 
 impl DedupIndex {
+    /// An index of at most `max` entries.
+    pub(crate) fn new(max: usize) -> Self {
+        Self { loaded: None, max }
+    }
+
     /// The index, built from every message in the store on first use.
     pub(crate) fn loaded(&mut self, conn: &Connection) -> rusqlite::Result<&mut Loaded> {
         let index = match self.loaded.take() {
             Some(index) => index,
             None => {
-                let index = Loaded::load(conn)?;
+                let index = Loaded::load(conn, self.max)?;
                 metrics::gauge!(crate::telemetry::QUEUE_DEDUP_ENTRIES).set(index.len() as f64);
                 index
             }
@@ -84,21 +99,31 @@ const SHARDS: usize = 256;
 #[derive(Debug)]
 pub(crate) struct Loaded {
     shards: Vec<HashMap<u64, i64>>,
+    /// Most entries of one shard (the index's most over [`SHARDS`]).
+    per_shard: usize,
+    /// Whether an id was left out for the cap (said once in the log).
+    capped: bool,
 }
 
 impl Default for Loaded {
     fn default() -> Self {
-        Self {
-            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
-        }
+        Self::with_max(usize::MAX)
     }
 }
 
 impl Loaded {
-    fn load(conn: &Connection) -> rusqlite::Result<Self> {
+    fn with_max(max: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            per_shard: (max / SHARDS).max(1),
+            capped: false,
+        }
+    }
+
+    fn load(conn: &Connection, max: usize) -> rusqlite::Result<Self> {
         let mut st = conn.prepare("SELECT id, source, event_id FROM messages")?;
         let mut rows = st.query([])?;
-        let mut index = Self::default();
+        let mut index = Self::with_max(max);
         while let Some(row) = rows.next()? {
             let id: i64 = row.get(0)?;
             let source: String = row.get(1)?;
@@ -121,8 +146,25 @@ impl Loaded {
         self.shard(key).get(&key).copied()
     }
 
+    /// Records `id` under `key`; past the cap a new key is left out (its
+    /// duplicates are then missed, never invented).
     pub(crate) fn insert(&mut self, key: u64, id: i64) {
-        self.shard_mut(key).insert(key, id);
+        let per_shard = self.per_shard;
+        let shard = self.shard_mut(key);
+        if shard.len() < per_shard || shard.contains_key(&key) {
+            shard.insert(key, id);
+            return;
+        }
+        metrics::counter!(crate::telemetry::QUEUE_DEDUP_UNINDEXED).increment(1);
+        if !self.capped {
+            self.capped = true;
+            tracing::warn!(
+                max = per_shard * SHARDS,
+                "the duplicate index is full (queue.dedup_index_max): new event ids are not \
+                 indexed, so their redeliveries are queued again and the sink's inbox applies \
+                 them once"
+            );
+        }
     }
 
     fn remove(&mut self, key: u64, id: i64) {
@@ -178,6 +220,29 @@ mod tests {
         index.remove(k, 2);
         assert_eq!(index.loaded(&conn).expect("loaded").candidate(k), None);
         assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn past_its_cap_a_new_key_is_left_out_and_a_known_one_still_moves() {
+        let mut loaded = Loaded::with_max(SHARDS * 2);
+        let keys: Vec<u64> = (0..10_000).map(|i| key("s", &format!("evt_{i}"))).collect();
+        for (id, k) in (1..).zip(&keys) {
+            loaded.insert(*k, id);
+        }
+        assert_eq!(loaded.len(), SHARDS * 2, "held to the cap");
+        let known = keys
+            .iter()
+            .copied()
+            .find(|k| loaded.candidate(*k).is_some())
+            .expect("an indexed key");
+        loaded.insert(known, 99_999);
+        assert_eq!(
+            loaded.candidate(known),
+            Some(99_999),
+            "a known key is updated"
+        );
+        assert_eq!(loaded.len(), SHARDS * 2);
+        assert!(loaded.capped);
     }
 
     #[test]

@@ -129,6 +129,7 @@ impl EmbeddedQueue {
             dedup_window_ms: i64::try_from(config.dedup_window_secs)
                 .unwrap_or(i64::MAX)
                 .saturating_mul(1000),
+            dedup_index_max: config.dedup_index_max,
         };
         std::thread::Builder::new()
             .name("queue-writer".into())
@@ -945,6 +946,34 @@ mod tests {
         assert_eq!(
             q.stats().await.expect("stats").visible.expect("counted"),
             30_000
+        );
+    }
+
+    /// A full duplicate index misses duplicates (queued again, for the
+    /// inbox to apply once) and never invents one.
+    #[tokio::test]
+    async fn a_full_dedup_index_misses_duplicates_and_never_invents_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let q = EmbeddedQueue::open(&EmbeddedConfig {
+            dedup_index_max: 256,
+            ..config(dir.path())
+        })
+        .expect("open");
+        for i in 0..2_000 {
+            let r = q.enqueue(msg(&format!("e{i}"), None)).await.expect("enqueue");
+            assert!(matches!(r, Enqueued::New { .. }), "e{i}: {r:?}");
+        }
+        let mut duplicates = 0;
+        for i in 0..2_000 {
+            if let Enqueued::Duplicate { .. } =
+                q.enqueue(msg(&format!("e{i}"), None)).await.expect("enqueue")
+            {
+                duplicates += 1;
+            }
+        }
+        assert!(
+            (1..=256).contains(&duplicates),
+            "{duplicates} recognised with an index of 256"
         );
     }
 

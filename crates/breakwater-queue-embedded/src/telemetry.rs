@@ -10,3 +10,5 @@ pub const QUEUE_ENQUEUE_WAIT_SECONDS: &str = "breakwater_queue_enqueue_wait_seco
 pub const QUEUE_COMMIT_BATCH: &str = "breakwater_queue_commit_batch_size";
 /// Event ids held by the in-memory dedup index.
 pub const QUEUE_DEDUP_ENTRIES: &str = "breakwater_queue_dedup_entries";
+/// Event ids left out of the full dedup index (`dedup_index_max`).
+pub const QUEUE_DEDUP_UNINDEXED: &str = "breakwater_queue_dedup_unindexed_total";

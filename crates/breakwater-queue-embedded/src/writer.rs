@@ -130,6 +130,8 @@ pub(crate) struct WriterSettings {
     pub max_batch: usize,
     /// Keep acked rows this long for dedup; zero deletes them at once.
     pub dedup_window_ms: i64,
+    /// Most entries of the duplicate index.
+    pub dedup_index_max: usize,
 }
 
 /// Sends the outcome of one operation once the batch's fate is known.
@@ -186,7 +188,7 @@ pub fn drain<T>(rx: &mut mpsc::Receiver<T>, batch: &mut Vec<T>, max: usize) {
 /// Runs the writer until every sender is dropped.
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Op>, settings: WriterSettings) {
     let forget = settings.dedup_window_ms == 0;
-    let mut dedup = DedupIndex::default();
+    let mut dedup = DedupIndex::new(settings.dedup_index_max);
     let mut next_prune = Instant::now() + PRUNE_EVERY;
     let mut fsyncing = true;
     let mut batch: Vec<Op> = Vec::with_capacity(settings.max_batch);
