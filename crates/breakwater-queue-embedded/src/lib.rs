@@ -960,13 +960,18 @@ mod tests {
         })
         .expect("open");
         for i in 0..2_000 {
-            let r = q.enqueue(msg(&format!("e{i}"), None)).await.expect("enqueue");
+            let r = q
+                .enqueue(msg(&format!("e{i}"), None))
+                .await
+                .expect("enqueue");
             assert!(matches!(r, Enqueued::New { .. }), "e{i}: {r:?}");
         }
         let mut duplicates = 0;
         for i in 0..2_000 {
-            if let Enqueued::Duplicate { .. } =
-                q.enqueue(msg(&format!("e{i}"), None)).await.expect("enqueue")
+            if let Enqueued::Duplicate { .. } = q
+                .enqueue(msg(&format!("e{i}"), None))
+                .await
+                .expect("enqueue")
             {
                 duplicates += 1;
             }

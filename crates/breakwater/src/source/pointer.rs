@@ -375,3 +375,88 @@ mod tests {
         );
     }
 }
+
+/// Generated documents and pointers: the one-pass reader answers what
+/// `serde_json` parsing and `Value::pointer` answer. `PROPTEST_CASES` sets
+/// the count (256 by default; a long run is
+/// `PROPTEST_CASES=1000000 cargo test --release -p breakwater pointer::fuzz`).
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::{Pointer, find};
+
+    /// Keys and indices from a small alphabet, so pointers often hit.
+    fn token() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("a".to_owned()),
+            Just("b".to_owned()),
+            Just("0".to_owned()),
+            Just("1".to_owned()),
+            Just("a/b".to_owned()),
+            Just("~".to_owned()),
+            Just("".to_owned()),
+        ]
+    }
+
+    fn document() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            ".{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::vec((token(), inner), 0..4)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn escape(token: &str) -> String {
+        token.replace('~', "~0").replace('/', "~1")
+    }
+
+    proptest! {
+        #[test]
+        fn answers_as_serde_json_does(
+            doc in document(),
+            paths in proptest::collection::vec(proptest::collection::vec(token(), 0..4), 1..3),
+        ) {
+            let body = serde_json::to_vec(&doc).expect("serialize");
+            let texts: Vec<String> = paths
+                .iter()
+                .map(|p| p.iter().map(|t| format!("/{}", escape(t))).collect())
+                .collect();
+            let pointers: Vec<Pointer> = texts
+                .iter()
+                .map(|t| Pointer::parse(t).expect("pointer"))
+                .collect();
+            let refs: Vec<&Pointer> = pointers.iter().collect();
+            let found = find(&body, &refs).expect("a JSON document");
+            let parsed: Value = serde_json::from_slice(&body).expect("parse");
+            for (text, got) in texts.iter().zip(found) {
+                prop_assert_eq!(got.as_ref(), parsed.pointer(text), "{} in {}", text, doc);
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            body in proptest::collection::vec(any::<u8>(), 0..256),
+            path in proptest::collection::vec(token(), 0..3),
+        ) {
+            let text: String = path.iter().map(|t| format!("/{}", escape(t))).collect();
+            let pointer = Pointer::parse(&text).expect("pointer");
+            let found = find(&body, &[&pointer]);
+            if let Ok(parsed) = serde_json::from_slice::<Value>(&body) {
+                let found = found.expect("a document serde_json reads");
+                prop_assert_eq!(found[0].as_ref(), parsed.pointer(&text));
+            }
+        }
+    }
+}
