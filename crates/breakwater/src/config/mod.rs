@@ -431,6 +431,17 @@ mod tests {
         assert!(err.contains("line 4"), "{err}");
         assert!(err.contains("`source[0].secrets`"), "{err}");
         assert!(!err.contains("topsecret"), "{err}");
+        // A secret where a key goes (found by the config fuzz test): the
+        // unknown name is not echoed; a misspelt key still is.
+        let pasted = "[[source]]\nname = \"a\"\nscheme = \"github\"\nwhsec_topsecret42 = 1\n";
+        let err = parse(pasted).unwrap_err().to_string();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(!err.contains("topsecret"), "{err}");
+        let typo = parse("[workers]\nmax_concurency = 4\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a config key"), "{err}");
+        assert!(typo.contains("`max_concurency`"), "{typo}");
     }
 
     #[test]

@@ -22,7 +22,9 @@ pub(super) fn describe_parse_error(text: &str, e: &toml::de::Error) -> String {
     let key = line_text
         .split_once('=')
         .map(|(key, _)| key.trim())
-        .filter(|key| names_a_field(e.message()) && bare_path(key));
+        .filter(|key| {
+            names_a_field(e.message()) && bare_path(key) && key.split('.').all(plausible_key)
+        });
     match key {
         Some(key) => {
             let key = match table_at(&text[..line_start]) {
@@ -193,6 +195,14 @@ pub(super) fn table_header(line: &str) -> Option<TableHeader<'_>> {
 /// length" and "unknown variant" messages, and it may be a secret. Other
 /// messages quote keys ("unknown field"), which stay.
 pub(super) fn hide_values(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("unknown field `")
+        && let Some((name, tail)) = rest.split_once('`')
+        && !plausible_key(name)
+    {
+        // A secret pasted where a key goes (or a line broken around one)
+        // parses as an unknown key: name it only when it looks like one.
+        return format!("unknown field (a name that is not a config key, not shown){tail}");
+    }
     if message.starts_with("invalid") || message.starts_with("unknown variant") {
         // What serde expected (the valid choices, a type) is never secret:
         // only the part before it quotes the value.
@@ -203,6 +213,22 @@ pub(super) fn hide_values(message: &str) -> String {
     } else {
         message.to_owned()
     }
+}
+
+/// Whether `name` could be a key of Breakwater's config, misspelt: short
+/// lower-case snake case, no long run of digits, no well-known secret
+/// prefix. Anything else is not echoed in an error (it may be a secret).
+fn plausible_key(name: &str) -> bool {
+    const SECRET_PREFIXES: &[&str] = &[
+        "whsec_", "shpss_", "shpat_", "shpca_", "sk_", "rk_", "ghp_", "gho_", "ghs_", "xox",
+    ];
+    let mut digits = 0;
+    name.len() <= 40
+        && !SECRET_PREFIXES.iter().any(|p| name.starts_with(p))
+        && name.chars().all(|c| {
+            digits = if c.is_ascii_digit() { digits + 1 } else { 0 };
+            digits < 4 && (c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+        })
 }
 
 /// `text` with every quoted part (between backticks or double quotes)
