@@ -38,6 +38,49 @@ async fn send(http: &Http, server: &Server, event_id: &str) -> Answer {
     a
 }
 
+/// A receiver script: 503 for `down_for`, then 200.
+fn down_then_up(down_for: Duration) -> crate::receiver::Script {
+    Arc::new(move |_, elapsed| {
+        if elapsed < down_for {
+            Reply::Status(StatusCode::SERVICE_UNAVAILABLE, Vec::new())
+        } else {
+            Reply::Status(StatusCode::OK, Vec::new())
+        }
+    })
+}
+
+/// Waits until `receiver` answered 200 (asked once `down_for` was over)
+/// to every one of `ids` and the queue is settled, with nothing
+/// dead-lettered.
+async fn all_delivered_once_back(
+    receiver: &Receiver,
+    ids: &[String],
+    down_for: Duration,
+    http: &Http,
+    server: &Server,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let delivered: std::collections::BTreeSet<String> = receiver
+            .received()
+            .iter()
+            .filter(|r| r.at.duration_since(receiver.started) >= down_for)
+            .map(|r| header(r, "idempotency-key").to_owned())
+            .collect();
+        let stats = queue_stats(http, server).await;
+        if ids.iter().all(|id| delivered.contains(id))
+            && stats["visible"] == 0
+            && stats["in_flight"] == 0
+            && stats["delayed"] == 0
+        {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "not all delivered: {stats}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn header<'a>(r: &'a crate::receiver::Received, name: &str) -> &'a str {
     r.headers
         .get(name)
@@ -184,14 +227,7 @@ async fn a_receiver_that_never_answers_times_out_and_is_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
     let down_for = Duration::from_secs(6);
-    let receiver = Receiver::start(Arc::new(move |_, elapsed| {
-        if elapsed < down_for {
-            Reply::Status(StatusCode::SERVICE_UNAVAILABLE, Vec::new())
-        } else {
-            Reply::Status(StatusCode::OK, Vec::new())
-        }
-    }))
-    .await;
+    let receiver = Receiver::start(down_then_up(down_for)).await;
     let sandbox = forwarding(&receiver, "");
     let server = start(&sandbox);
     let http = Http::default();
@@ -200,27 +236,7 @@ async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
         send(&http, &server, id).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        // Answered 200: asked once the receiver was back.
-        let delivered: std::collections::BTreeSet<String> = receiver
-            .received()
-            .iter()
-            .filter(|r| r.at.duration_since(receiver.started) >= down_for)
-            .map(|r| header(r, "idempotency-key").to_owned())
-            .collect();
-        let stats = queue_stats(&http, &server).await;
-        if ids.iter().all(|id| delivered.contains(id))
-            && stats["visible"] == 0
-            && stats["in_flight"] == 0
-            && stats["delayed"] == 0
-        {
-            assert_eq!(stats["dead_lettered"], 0, "{stats}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "not all delivered: {stats}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    all_delivered_once_back(&receiver, &ids, down_for, &http, &server).await;
     let view = http.get(&server.admin_url("/breaker")).await.json();
     let history = view["breaker"]["history"]
         .as_array()
@@ -239,14 +255,7 @@ async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_target_down_pauses_neither_the_other_nor_the_breaker() {
     let down_for = Duration::from_secs(6);
-    let down = Receiver::start(Arc::new(move |_, elapsed| {
-        if elapsed < down_for {
-            Reply::Status(StatusCode::SERVICE_UNAVAILABLE, Vec::new())
-        } else {
-            Reply::Status(StatusCode::OK, Vec::new())
-        }
-    }))
-    .await;
+    let down = Receiver::start(down_then_up(down_for)).await;
     let up = Receiver::start(always(StatusCode::OK)).await;
     let sandbox = Sandbox::new(&format!(
         "forward = {{ url = \"{}\" }}\n\n[[source]]\nname = \"second\"\nscheme = \"stripe\"\n\
@@ -279,26 +288,8 @@ async fn one_target_down_pauses_neither_the_other_nor_the_breaker() {
         .iter()
         .filter(|r| r.at.duration_since(down.started) < down_for)
         .count();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let delivered: std::collections::BTreeSet<String> = down
-            .received()
-            .iter()
-            .filter(|r| r.at.duration_since(down.started) >= down_for)
-            .map(|r| header(r, "idempotency-key").to_owned())
-            .collect();
-        let stats = queue_stats(&http, &server).await;
-        if (0..n).all(|i| delivered.contains(&format!("evt_down_{i}")))
-            && stats["visible"] == 0
-            && stats["in_flight"] == 0
-            && stats["delayed"] == 0
-        {
-            assert_eq!(stats["dead_lettered"], 0, "{stats}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "not all delivered: {stats}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let ids: Vec<String> = (0..n).map(|i| format!("evt_down_{i}")).collect();
+    all_delivered_once_back(&down, &ids, down_for, &http, &server).await;
     let view = http.get(&server.admin_url("/breaker")).await.json();
     assert_eq!(
         view["breaker"]["history"].as_array().map(Vec::len),
