@@ -13,8 +13,8 @@
 //!
 //! How an answer is classified ([`classify`]): 2xx applied; connection
 //! errors, timeouts, 429 and 5xx are *dependency* failures (retried, they
-//! feed the breaker), with `Retry-After` (seconds) carried as the retry's
-//! delay; 3xx (redirects are not followed) and other 4xx are *permanent*
+//! feed the breaker), with `Retry-After` (seconds or an HTTP-date)
+//! carried as the retry's delay; 3xx (redirects are not followed) and other 4xx are *permanent*
 //! (the DLQ entry keeps the status and the start of the body).
 //!
 //! Each target has its own connection pool (HTTP/1.1, or HTTP/2 with prior
@@ -208,8 +208,7 @@ impl ForwardTarget {
             .headers
             .get(http::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(|v| retry_after(v, std::time::SystemTime::now()));
         let location = parts
             .headers
             .get(http::header::LOCATION)
@@ -266,6 +265,17 @@ impl ForwardTarget {
             .body(Full::new(body))
             .map_err(|e| SinkError::permanent("forward_request", e.to_string()))
     }
+}
+
+/// A `Retry-After` value: delay-seconds, or an HTTP-date (the time left
+/// until it, none once it passed); `None` when it is neither.
+fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// `s` as a header value: as it is when it is printable ASCII, else with
@@ -384,6 +394,23 @@ mod tests {
         .expect_err("301");
         assert_eq!(e.kind, "http_redirect");
         assert!(e.message.contains("http://x/"), "{e}");
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+        assert_eq!(retry_after(" 2 ", now), Some(Duration::from_secs(2)));
+        // Wed, 21 Oct 2015 07:28:00 GMT is 1445412480.
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date past is no wait"
+        );
+        assert_eq!(retry_after("soon", now), None);
     }
 
     #[test]
