@@ -821,20 +821,8 @@ impl NatsBackend {
     fn config(section: &QueueSection) -> Result<(String, String, NatsConfig), ConfigProblem> {
         let config: NatsConfig = section.own()?;
         let url = section.required_url()?.to_owned();
-        let name = section
-            .name
-            .clone()
-            .ok_or_else(|| ConfigProblem::key("name", "the nats backend needs a queue name"))?;
-        if name.is_empty()
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(ConfigProblem::key(
-                "name",
-                "must be non-empty and use only letters, digits, '-' and '_' (it names streams)",
-            ));
-        }
+        // It names streams and subjects.
+        let name = section.required_name("-_", None)?.to_owned();
         if config.max_ack_pending < 1 {
             return Err(ConfigProblem::key("max_ack_pending", "must be at least 1"));
         }

@@ -125,6 +125,13 @@ struct Pump {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl Pump {
+    /// Whether it still consumes, on the session of `generation`.
+    fn alive(&self, generation: u64) -> bool {
+        !self.task.is_finished() && self.generation == generation
+    }
+}
+
 struct Consuming {
     flow: Flow,
     pump: Option<Pump>,
@@ -450,13 +457,11 @@ impl Inner {
                     error: Some(e.to_string()),
                     dead_at_ms: Some(now_ms()),
                 };
-                let moved = self.publish_dead(&meta, &payload).await;
-                let settle = if moved.is_ok() {
-                    d.acker.ack(BasicAckOptions::default()).await
-                } else {
-                    d.acker.nack(REQUEUE).await
+                // Settled best effort: an unsettled delivery comes back.
+                let _ = match self.publish_dead(&meta, &payload).await {
+                    Ok(()) => d.acker.ack(BasicAckOptions::default()).await,
+                    Err(_) => d.acker.nack(REQUEUE).await,
                 };
-                let _ = settle;
                 return None;
             }
         };
@@ -682,10 +687,8 @@ impl Queue for RabbitMqQueue {
                 if !c.flow.delivers() || max == 0 {
                     return Ok(Vec::new());
                 }
-                let alive = c.pump.as_ref().is_some_and(|p| {
-                    !p.task.is_finished() && p.generation == inner.session().generation
-                });
-                if !alive {
+                let generation = inner.session().generation;
+                if !c.pump.as_ref().is_some_and(|p| p.alive(generation)) {
                     if let Some(pump) = c.pump.take() {
                         pump.task.abort();
                     }
@@ -795,11 +798,11 @@ impl Queue for RabbitMqQueue {
             return Ok(());
         }
         let prefetch = prefetch_for(flow, inner.config.prefetch_headroom);
-        let same = c.pump.as_ref().is_some_and(|p| {
-            p.prefetch == prefetch
-                && !p.task.is_finished()
-                && p.generation == inner.session().generation
-        });
+        let generation = inner.session().generation;
+        let same = c
+            .pump
+            .as_ref()
+            .is_some_and(|p| p.prefetch == prefetch && p.alive(generation));
         if same {
             return Ok(());
         }
@@ -907,21 +910,7 @@ impl RabbitMqBackend {
                 "must be an AMQP URL: amqp://user:password@host:5672/%2f (or amqps://)",
             ));
         }
-        let name = section
-            .name
-            .clone()
-            .ok_or_else(|| ConfigProblem::key("name", "the rabbitmq backend needs a queue name"))?;
-        if name.is_empty()
-            || name.len() > 200
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return Err(ConfigProblem::key(
-                "name",
-                "must be 1 to 200 letters, digits, '-', '_' or '.' (it names queues)",
-            ));
-        }
+        let name = section.required_name("-_.", Some(200))?.to_owned();
         let tiers = &config.delay_tiers_ms;
         if tiers.is_empty() || tiers.contains(&0) || tiers.windows(2).any(|w| w[0] >= w[1]) {
             return Err(ConfigProblem::key(

@@ -69,6 +69,44 @@ impl QueueSection {
     }
 }
 
+impl QueueSection {
+    /// `name`, or a problem naming the key when it is missing or unfit to
+    /// name the broker's queues or streams: ASCII letters, digits and the
+    /// characters of `punctuation`, at least one, at most `max_len` when
+    /// the broker has a limit.
+    pub fn required_name(
+        &self,
+        punctuation: &str,
+        max_len: Option<usize>,
+    ) -> Result<&str, ConfigProblem> {
+        let name = self.name.as_deref().ok_or_else(|| {
+            ConfigProblem::key(
+                "name",
+                format!("the {} backend needs a queue name", self.backend),
+            )
+        })?;
+        let fits = !name.is_empty()
+            && max_len.is_none_or(|max| name.len() <= max)
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || punctuation.contains(c));
+        if fits {
+            Ok(name)
+        } else {
+            let allowed: Vec<String> = punctuation.chars().map(|c| format!("'{c}'")).collect();
+            let most = max_len.map_or_else(String::new, |max| format!(" (at most {max})"));
+            Err(ConfigProblem::key(
+                "name",
+                format!(
+                    "must be letters, digits or {}{most}, at least one: it names the broker's \
+                     queues",
+                    allowed.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
 /// A backend's own keys as `config check` shows them: its config struct,
 /// every default filled in, as a table (what [`Backend::check`] returns).
 pub fn own_keys_table<T: Serialize>(config: &T) -> Result<toml::Table, ConfigProblem> {
@@ -186,6 +224,26 @@ mod tests {
         let s: QueueSection = toml::from_str("batch = \"x\"\n").expect("toml");
         let e = s.own::<Own>().expect_err("a string for a number");
         assert_eq!(e.key.as_deref(), Some("batch"), "{e}");
+    }
+
+    #[test]
+    fn a_broker_name_is_required_and_must_name_a_queue() {
+        let s = |extra: &str| -> QueueSection {
+            toml::from_str(&format!("backend = \"b\"\n{extra}")).expect("toml")
+        };
+        assert_eq!(
+            s("name = \"orders-1\"").required_name("-_", Some(10)),
+            Ok("orders-1")
+        );
+        for bad in [
+            "",
+            "name = \"\"",
+            "name = \"a.b\"",
+            "name = \"abcdefghijk\"",
+        ] {
+            let e = s(bad).required_name("-_", Some(10)).expect_err(bad);
+            assert_eq!(e.key.as_deref(), Some("name"), "{bad}: {e}");
+        }
     }
 
     #[test]

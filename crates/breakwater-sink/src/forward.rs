@@ -142,7 +142,7 @@ impl ForwardTarget {
             return self.send(event, attempt).await;
         }
         let url = &self.spec.url;
-        let probe = match self.gate().pass(tokio::time::Instant::now().into_std()) {
+        let probe = match self.gate().pass(std::time::Instant::now()) {
             Pass::Go => false,
             Pass::Probe => true,
             Pass::Refused(wait) => {
@@ -158,7 +158,7 @@ impl ForwardTarget {
         let result = self.send(event, attempt).await;
         let failed = result.as_ref().is_err_and(SinkError::is_dependency);
         let mut gate = self.gate();
-        let opened = gate.record(failed, probe, tokio::time::Instant::now().into_std());
+        let opened = gate.record(failed, probe, std::time::Instant::now());
         let in_trouble = opened || probe || gate.in_trouble();
         drop(gate);
         result.map_err(|mut e| {

@@ -40,7 +40,6 @@ pub use forward::{ForwardSpec, ForwardTarget};
 pub use postgres::DatabaseAudit;
 pub use routed::RoutedSink;
 pub use settings::{LockWaitersScope, SinkSettings, redact_url};
-pub use target_gate::{GateSettings, Pass, TargetGate};
 
 /// One webhook to apply.
 #[derive(Debug, Clone, Copy)]

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 /// Settings of a target gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GateSettings {
-    pub trip_after: u32,
-    pub cool_down: Duration,
-    pub cool_down_cap: Duration,
+pub(crate) struct GateSettings {
+    pub(crate) trip_after: u32,
+    pub(crate) cool_down: Duration,
+    pub(crate) cool_down_cap: Duration,
 }
 
 impl Default for GateSettings {
@@ -31,7 +31,7 @@ impl Default for GateSettings {
 
 /// What the gate says about one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
+pub(crate) enum Pass {
     /// Send it.
     Go,
     /// Send it as the probe of a target that was failing.
@@ -49,13 +49,13 @@ enum State {
 
 /// One target's gate.
 #[derive(Debug, Clone)]
-pub struct TargetGate {
+pub(crate) struct TargetGate {
     settings: GateSettings,
     state: State,
 }
 
 impl TargetGate {
-    pub fn new(settings: GateSettings) -> Self {
+    pub(crate) fn new(settings: GateSettings) -> Self {
         Self {
             settings,
             state: State::Closed { failures: 0 },
@@ -63,7 +63,7 @@ impl TargetGate {
     }
 
     /// Whether a request may go now.
-    pub fn pass(&mut self, now: Instant) -> Pass {
+    pub(crate) fn pass(&mut self, now: Instant) -> Pass {
         match self.state {
             State::Closed { .. } => Pass::Go,
             State::Open { until, strikes } if now >= until => {
@@ -78,13 +78,13 @@ impl TargetGate {
 
     /// Whether the target is in trouble now (open, or probing): a failure
     /// then is the target's, not the message's.
-    pub fn in_trouble(&self) -> bool {
+    pub(crate) fn in_trouble(&self) -> bool {
         !matches!(self.state, State::Closed { .. })
     }
 
     /// The outcome of a request that went. Returns whether this outcome
     /// opened the gate.
-    pub fn record(&mut self, dependency_failure: bool, probe: bool, now: Instant) -> bool {
+    pub(crate) fn record(&mut self, dependency_failure: bool, probe: bool, now: Instant) -> bool {
         match (self.state, dependency_failure) {
             (_, false) if probe || matches!(self.state, State::Closed { .. }) => {
                 self.state = State::Closed { failures: 0 };

@@ -94,7 +94,7 @@ pub fn audit(config: &Config, live: &Live) -> Vec<Finding> {
     out.push(retries(config));
     out.push(signals(config));
     out.push(probes_and_ramp(config));
-    out.push(lease(config));
+    out.push(redelivery(config));
     out
 }
 
@@ -391,7 +391,7 @@ fn probes_and_ramp(config: &Config) -> Finding {
     }
 }
 
-fn lease(config: &Config) -> Finding {
+fn redelivery(config: &Config) -> Finding {
     pass(
         "queue.redelivery",
         format!(

@@ -12,12 +12,11 @@ use breakwater_queue_nats::{Names, NatsQueue};
 use http::StatusCode;
 
 use crate::orders::{
-    applied, burst_through_a_broker_outage, poison_reaches_the_dlq_and_the_breaker_stays_closed,
-    send, wait_for_applied,
+    applied, burst_through_a_broker_outage, orders_db,
+    poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
 };
-use crate::pg::ScratchDb;
 use crate::utils::*;
-use crate::worker::{ORDERS, sink_config};
+use crate::worker::sink_config;
 
 fn nats_url() -> String {
     std::env::var("BREAKWATER_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
@@ -73,8 +72,7 @@ async fn consumer_counts(url: &str, name: &str) -> (u64, usize) {
 
 #[tokio::test]
 async fn webhooks_flow_through_jetstream_into_postgres_once_each() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let queue = QueueName::new(&nats_url());
     let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
     let server = sandbox.start();
@@ -99,8 +97,7 @@ async fn webhooks_flow_through_jetstream_into_postgres_once_each() {
 /// keep arriving. Reset, everything is applied.
 #[tokio::test]
 async fn while_the_breaker_is_open_jetstream_delivers_nothing() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let queue = QueueName::new(&nats_url());
     let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
     let server = sandbox.start();
@@ -195,8 +192,7 @@ impl Drop for OwnNats {
 /// never a false 2xx.
 #[tokio::test]
 async fn a_broker_restart_mid_burst_loses_nothing_acknowledged() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let mut nats = OwnNats::start();
     let queue = QueueName::new(&nats.url());
     let queue_toml = format!("{}request_timeout_ms = 500\n", queue.toml());
@@ -217,8 +213,7 @@ async fn a_broker_restart_mid_burst_loses_nothing_acknowledged() {
 /// reason, the good ones are applied, and the breaker does not move.
 #[tokio::test]
 async fn poison_reaches_the_dlq_stream_and_the_breaker_stays_closed() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let queue = QueueName::new(&nats_url());
     let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
     let server = sandbox.start();

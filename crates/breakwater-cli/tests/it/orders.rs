@@ -8,6 +8,16 @@ use http::StatusCode;
 use crate::pg::ScratchDb;
 use crate::utils::*;
 
+/// A scratch database with the `orders` table.
+pub async fn orders_db() -> ScratchDb {
+    let db = ScratchDb::create().await;
+    db.client
+        .batch_execute(crate::worker::ORDERS)
+        .await
+        .expect("schema");
+    db
+}
+
 /// Applications summed over every order row.
 pub async fn applied(db: &ScratchDb) -> i64 {
     db.client

@@ -15,12 +15,11 @@ use breakwater_queue_rabbitmq::rabbitmqctl::{counts_become, prefetches, queue_co
 use http::StatusCode;
 
 use crate::orders::{
-    applied, burst_through_a_broker_outage, poison_reaches_the_dlq_and_the_breaker_stays_closed,
-    send, wait_for_applied,
+    applied, burst_through_a_broker_outage, orders_db,
+    poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
 };
-use crate::pg::ScratchDb;
 use crate::utils::*;
-use crate::worker::{ORDERS, sink_config};
+use crate::worker::sink_config;
 
 fn amqp_url() -> String {
     std::env::var("BREAKWATER_TEST_AMQP_URL")
@@ -61,8 +60,7 @@ impl Drop for QueueName {
 
 #[tokio::test]
 async fn webhooks_flow_through_rabbitmq_into_postgres_once_each() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let queue = QueueName::new();
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
@@ -95,8 +93,7 @@ async fn webhooks_flow_through_rabbitmq_into_postgres_once_each() {
 /// everything is applied.
 #[tokio::test]
 async fn while_the_breaker_is_open_rabbitmq_delivers_nothing() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let queue = QueueName::new();
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
@@ -134,8 +131,7 @@ async fn while_the_breaker_is_open_rabbitmq_delivers_nothing() {
 /// proxy must run while the test blocks waiting for the binary to start.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let broker: SocketAddr = "127.0.0.1:5672".parse().expect("addr");
     let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), broker)
         .await
@@ -167,8 +163,7 @@ async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
 /// reason, the good ones are applied, and the breaker does not move.
 #[tokio::test]
 async fn poison_reaches_the_dlq_queue_and_the_breaker_stays_closed() {
-    let db = ScratchDb::create().await;
-    db.client.batch_execute(ORDERS).await.expect("schema");
+    let db = orders_db().await;
     let queue = QueueName::new();
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
