@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: starts the services the tests
-# need if they are not running (PostgreSQL, NATS with JetStream, RabbitMQ;
+# need if they are not running (PostgreSQL, NATS with JetStream, RabbitMQ,
+# an SQS endpoint (moto, installed from PyPI on first use);
 # the NATS restart test starts a nats-server of its own, the RabbitMQ
 # connection-loss tests cut connections at a fault proxy of their own),
 # then runs every test of the workspace.
@@ -58,9 +59,28 @@ ensure_rabbitmq() {
   port_open 5672 || { say "RabbitMQ did not start"; return 1; }
 }
 
+# An SQS endpoint (queue backend tests): moto's server, from PyPI in a
+# virtualenv of the project's own, on 127.0.0.1:4566 (in memory; each
+# test makes queues of its own).
+ensure_sqs() {
+  if port_open 4566; then return 0; fi
+  local venv="${BREAKWATER_MOTO_VENV:-$HOME/.cache/breakwater/moto-venv}"
+  if [ ! -x "$venv/bin/moto_server" ]; then
+    say "installing moto[server] into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q 'moto[server]'
+  fi
+  say "SQS endpoint is not running; starting moto_server on 127.0.0.1:4566"
+  nohup "$venv/bin/moto_server" -H 127.0.0.1 -p 4566 >/tmp/breakwater-test-moto.log 2>&1 &
+  for _ in $(seq 1 30); do port_open 4566 && break; sleep 1; done
+  port_open 4566 || { say "moto_server did not start"; return 1; }
+}
+
 ensure_postgres
 ensure_nats
 ensure_rabbitmq
+ensure_sqs
+export BREAKWATER_TEST_SQS_URL="${BREAKWATER_TEST_SQS_URL:-http://127.0.0.1:4566}"
 
 say "cargo test --workspace"
 cargo test --workspace --all-targets "$@"

@@ -17,6 +17,9 @@ pub enum LabBackend {
     /// RabbitMQ at --queue-url, on queues of the run's own, removed
     /// afterwards.
     Rabbitmq,
+    /// Amazon SQS at --queue-url (an endpoint such as a local moto), on
+    /// queues of the run's own, removed afterwards.
+    Sqs,
 }
 
 impl LabBackend {
@@ -28,6 +31,7 @@ impl LabBackend {
                     Self::Embedded => "",
                     Self::Nats => "nats://127.0.0.1:4222",
                     Self::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
+                    Self::Sqs => "http://127.0.0.1:4566",
                 }
                 .to_owned()
             },
@@ -42,6 +46,7 @@ impl LabBackend {
             Self::Embedded => return None,
             Self::Nats => "nats",
             Self::Rabbitmq => "rabbitmq",
+            Self::Sqs => "sqs",
         };
         Some(breakwater::queue::QueueSection {
             backend: backend.to_owned(),
@@ -60,6 +65,15 @@ impl LabBackend {
             Self::Rabbitmq => {
                 let config = breakwater_queue_rabbitmq::RabbitMqConfig::default();
                 breakwater_queue_rabbitmq::RabbitMqQueue::destroy(url, name, &config).await
+            }
+            Self::Sqs => {
+                let endpoint = breakwater_queue_sqs::Endpoint {
+                    url: Some(url.to_owned()),
+                    region: None,
+                    request_timeout: std::time::Duration::from_secs(5),
+                };
+                let config = breakwater_queue_sqs::SqsConfig::default();
+                breakwater_queue_sqs::SqsQueue::destroy(&endpoint, name, &config).await
             }
         };
         if let Err(e) = removed {

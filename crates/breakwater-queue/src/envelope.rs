@@ -23,7 +23,8 @@ pub struct Meta {
     /// Times the message came back from the DLQ.
     #[serde(default)]
     pub replays: u32,
-    /// DLQ only: failed attempts before it was dead-lettered.
+    /// Failed attempts: before it was dead-lettered (DLQ); so far, on a
+    /// broker whose retries are copies carrying the count (SQS).
     #[serde(default)]
     pub attempts: u32,
     /// DLQ only: why.

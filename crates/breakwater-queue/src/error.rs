@@ -26,6 +26,10 @@ pub enum QueueError {
     /// A receipt that another backend issued.
     #[error("a receipt of another queue backend")]
     ForeignReceipt,
+    /// The message is larger than the broker takes (SQS: its queue's
+    /// `MaximumMessageSize`); the ingress answers 413.
+    #[error("message of {bytes} bytes is larger than the queue takes ({max} bytes)")]
+    TooLarge { bytes: usize, max: usize },
     /// The queue's own storage failed.
     #[error("queue storage error: {0}")]
     Storage(String),

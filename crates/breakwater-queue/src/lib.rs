@@ -69,6 +69,14 @@ pub trait Queue: Send + Sync + 'static {
     /// it once at start.
     fn capabilities(&self) -> Capabilities;
 
+    /// How many times the broker hands a message out before it moves it
+    /// to a dead-letter queue by itself (SQS `maxReceiveCount`), if it
+    /// does, as read when the queue was opened. Releases count toward it,
+    /// so the service warns when it leaves little room.
+    fn redelivery_limit(&self) -> Option<u32> {
+        None
+    }
+
     /// Makes a message durable; returns once it is.
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError>;
 

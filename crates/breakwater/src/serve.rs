@@ -430,6 +430,11 @@ pub async fn start_with(
     ));
 
     let runs_workers = role != Role::Ingress;
+    if let Some(warning) =
+        crate::queue::redelivery_warning(queue.redelivery_limit(), config.workers.max_attempts)
+    {
+        tracing::warn!(backend = %config.queue.backend, "{warning}");
+    }
     let controller = if runs_workers {
         let mut breaker_config = config.breaker.clone();
         // One knob for the pool size: the breaker's maximum is the workers'.

@@ -234,6 +234,8 @@ async fn accept(
             tracing::warn!(error = %e, source = %name, "queue refused a webhook; answering 503");
             IngressError::Unavailable(e.to_string())
         }
+        // Within max_body_bytes, past what the broker takes (SQS).
+        QueueError::TooLarge { max, .. } => IngressError::TooLarge { limit: max },
         other => IngressError::Unavailable(other.to_string()),
     })?;
     route.latency.record(started.elapsed().as_secs_f64());
