@@ -15,5 +15,6 @@ mod orders;
 mod pg;
 mod rabbitmq;
 mod receiver;
+mod sqs;
 mod utils;
 mod worker;

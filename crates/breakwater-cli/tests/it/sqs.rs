@@ -1,0 +1,173 @@
+//! The whole pipeline on Amazon SQS: the real binary sending to and
+//! receiving from the local SQS endpoint the test script starts (moto,
+//! `BREAKWATER_TEST_SQS_URL`), applying to a real PostgreSQL. Each test
+//! uses queues of its own, deleted when it ends. The endpoint-loss test
+//! cuts every connection at a fault proxy between Breakwater and it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use breakwater_faultproxy::{Fault, FaultProxy};
+use breakwater_queue_sqs::{Endpoint, SqsQueue};
+use http::StatusCode;
+
+use crate::orders::{
+    applied, burst_through_a_broker_outage, orders_db,
+    poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
+};
+use crate::utils::*;
+use crate::worker::sink_config;
+
+fn sqs_url() -> String {
+    std::env::var("BREAKWATER_TEST_SQS_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
+}
+
+/// A queue name of its own at the endpoint, its queues deleted on drop.
+struct QueueName {
+    name: String,
+}
+
+impl QueueName {
+    fn new() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Self {
+            name: format!(
+                "bwit-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    /// The `[queue]` table for it at `url`.
+    fn toml(&self, url: &str) -> String {
+        format!(
+            "[queue]\nbackend = \"sqs\"\nurl = \"{url}\"\nname = \"{}\"\nlease_ms = 10000\n",
+            self.name
+        )
+    }
+}
+
+impl Drop for QueueName {
+    fn drop(&mut self) {
+        let endpoint = Endpoint {
+            url: Some(sqs_url()),
+            region: None,
+            request_timeout: Duration::from_secs(5),
+        };
+        SqsQueue::destroy_blocking(&endpoint, &self.name);
+    }
+}
+
+#[tokio::test]
+async fn webhooks_flow_through_sqs_into_postgres_once_each() {
+    let db = orders_db().await;
+    let queue = QueueName::new();
+    let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    for i in 0..30 {
+        let a = send(&http, &server, &format!("evt_sqs_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    // A standard queue keeps no duplicate window: a redelivery is queued
+    // again, and the sink's inbox applies it once.
+    let again = send(&http, &server, "evt_sqs_3", 4).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{:?}", again.body);
+    wait_for_applied(&db, 30, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = queue_stats(&http, &server).await;
+        if stats["visible"] == 0 && stats["in_flight"] == 0 {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(applied(&db).await, 30, "the duplicate had an effect");
+}
+
+/// While the breaker is open nothing is received, as SQS itself counts
+/// it: nothing in flight, for seconds, while webhooks keep arriving (and
+/// wait, visible). Reset, everything is applied.
+#[tokio::test]
+async fn while_the_breaker_is_open_nothing_is_received_from_sqs() {
+    let db = orders_db().await;
+    let queue = QueueName::new();
+    let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    let tripped = http
+        .post(
+            &server.admin_url("/breaker/trip?note=test"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    for i in 0..12 {
+        let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let stats = queue_stats(&http, &server).await;
+        assert_eq!(stats["in_flight"], 0, "received while open: {stats}");
+    }
+    let stats = queue_stats(&http, &server).await;
+    assert_eq!(stats["visible"], 12, "arrivals wait, visible: {stats}");
+    assert_eq!(applied(&db).await, 0);
+    let reset = http
+        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    wait_for_applied(&db, 12, Duration::from_secs(30)).await;
+}
+
+/// Every connection to the endpoint cut in the middle of a burst, and new
+/// ones refused for a while: every webhook that got a 2xx is applied, each
+/// effect once, and while SQS was out of reach the ingress refused with
+/// 503, never a false 2xx. (Two threads: the proxy must run while the test
+/// blocks waiting for the binary to start.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_sqs_connection_mid_burst_loses_nothing_acknowledged() {
+    let db = orders_db().await;
+    let target: SocketAddr = sqs_url()
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("BREAKWATER_TEST_SQS_URL is http://ip:port");
+    let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), target)
+        .await
+        .expect("proxy");
+    let queue = QueueName::new();
+    let url = format!("http://{}", proxy.local_addr());
+    let queue_toml = format!("{}request_timeout_ms = 1000\n", queue.toml(&url));
+    let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    burst_through_a_broker_outage(&http, &server, &db, |down| {
+        if down {
+            proxy.set(Fault::Refuse);
+            proxy.set(Fault::ResetAll);
+            proxy.set(Fault::Refuse);
+        } else {
+            proxy.set(Fault::None);
+        }
+    })
+    .await;
+    drop(server);
+    proxy.shutdown().await;
+}
+
+/// Poison on SQS: each bad message reaches the DLQ queue with its reason,
+/// the good ones are applied, and the breaker does not move.
+#[tokio::test]
+async fn poison_reaches_the_sqs_dlq_and_the_breaker_stays_closed() {
+    let db = orders_db().await;
+    let queue = QueueName::new();
+    let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    poison_reaches_the_dlq_and_the_breaker_stays_closed(&http, &server, &db).await;
+}
