@@ -1,14 +1,16 @@
 //! One proxied connection: dial upstream, then two copy loops.
 //!
-//! Each direction is a sequential loop: read a chunk (up to [`CHUNK`] bytes),
-//! look up the fault *for that chunk*, then
+//! Each direction is a reader and a writer: the reader reads a chunk (up to
+//! [`CHUNK`] bytes), looks up the fault *for that chunk*, then
 //!
-//! - `Latency`: sleep `per_chunk`, then write; order is preserved because
-//!   the next read only starts after the write;
+//! - `Latency`: stamps it due `per_chunk` from now and queues it; the
+//!   writer writes the queued chunks in order, each once it is due. So the
+//!   latency is a delay in flight, as on a long link: requests a client
+//!   pipelines overlap instead of each waiting behind the one before;
 //! - `Blackhole`: drop the chunk and mark the connection blackholed; from
 //!   then on both directions drop every chunk, whatever the fault, until the
 //!   connection closes (a stream with a hole must never be resumed);
-//! - anything else: write it on.
+//! - anything else: queue it due now.
 //!
 //! End of stream is forwarded as a half-close (`shutdown` of the write side),
 //! so request/response protocols that rely on it keep working; the
@@ -28,12 +30,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::fault::Fault;
 use crate::shared::{LiveGuard, Shared};
 
 /// Largest chunk read (and delayed, or swallowed) at once.
 const CHUNK: usize = 16 * 1024;
+/// Most chunks on their way in one direction (read, not yet written):
+/// past it the reader waits, as a full link would.
+const IN_FLIGHT: usize = 256;
 
 /// Closes a socket with RST (linger 0) when it is dropped.
 pub(crate) fn reset(stream: &TcpStream) {
@@ -101,12 +108,34 @@ async fn relay(
     Ok(())
 }
 
-/// Copies one direction chunk by chunk, applying the fault of the moment.
+/// Copies one direction chunk by chunk, applying the fault of the moment:
+/// a reader stamps each chunk with the time it may leave (now, or now +
+/// the latency), a writer sends them in order, each not before its time.
 async fn pipe(
-    mut from: ReadHalf<'_>,
-    mut to: WriteHalf<'_>,
+    from: ReadHalf<'_>,
+    to: WriteHalf<'_>,
     shared: &Shared,
     forwarded: &AtomicU64,
+    blackholed: &AtomicBool,
+) -> io::Result<()> {
+    let (tx, rx) = mpsc::channel(IN_FLIGHT);
+    tokio::try_join!(
+        read_side(from, tx, shared, blackholed),
+        write_side(rx, to, forwarded)
+    )?;
+    Ok(())
+}
+
+/// A chunk on its way, or the end of the stream.
+enum InFlight {
+    Chunk { due: Instant, bytes: Vec<u8> },
+    End,
+}
+
+async fn read_side(
+    mut from: ReadHalf<'_>,
+    tx: mpsc::Sender<InFlight>,
+    shared: &Shared,
     blackholed: &AtomicBool,
 ) -> io::Result<()> {
     let mut buf = vec![0; CHUNK];
@@ -119,19 +148,51 @@ async fn pipe(
                     "peer hung up on a blackholed connection",
                 ));
             }
-            to.shutdown().await?;
+            // The writer may be gone already (it failed): nothing to end.
+            let _ = tx.send(InFlight::End).await;
             return Ok(());
         }
-        match shared.fault() {
+        let now = Instant::now();
+        let due = match shared.fault() {
             Fault::Blackhole => {
                 blackholed.store(true, Ordering::Relaxed);
                 continue;
             }
             _ if blackholed.load(Ordering::Relaxed) => continue,
-            Fault::Latency { per_chunk } => tokio::time::sleep(per_chunk).await,
-            Fault::None | Fault::Refuse | Fault::ResetAll => {}
+            Fault::Latency { per_chunk } => now + per_chunk,
+            Fault::None | Fault::Refuse | Fault::ResetAll => now,
+        };
+        let chunk = InFlight::Chunk {
+            due,
+            bytes: buf[..n].to_vec(),
+        };
+        if tx.send(chunk).await.is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the other side stopped taking bytes",
+            ));
         }
-        to.write_all(&buf[..n]).await?;
-        forwarded.fetch_add(n as u64, Ordering::Relaxed);
     }
+}
+
+async fn write_side(
+    mut rx: mpsc::Receiver<InFlight>,
+    mut to: WriteHalf<'_>,
+    forwarded: &AtomicU64,
+) -> io::Result<()> {
+    while let Some(item) = rx.recv().await {
+        match item {
+            InFlight::Chunk { due, bytes } => {
+                tokio::time::sleep_until(due).await;
+                to.write_all(&bytes).await?;
+                forwarded.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            InFlight::End => {
+                to.shutdown().await?;
+                return Ok(());
+            }
+        }
+    }
+    // The reader failed; its error ends the relay.
+    Ok(())
 }

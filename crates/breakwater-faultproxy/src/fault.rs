@@ -15,9 +15,10 @@ pub enum Fault {
     #[default]
     None,
     /// Delay every chunk forwarded, in both directions, by `per_chunk`
-    /// (a slow database, disk or network). Order is preserved.
+    /// (a far-away database, a slow network). Order is preserved; chunks
+    /// are in flight together, as on a long link.
     Latency {
-        /// Sleep before each chunk is written on.
+        /// How long each chunk is in flight.
         per_chunk: Duration,
     },
     /// Accept new connections and close them at once with RST; live

@@ -12,16 +12,18 @@
 //! | fault       | new connections                          | live connections                               |
 //! |-------------|------------------------------------------|------------------------------------------------|
 //! | `None`      | connected to upstream, bytes pass as-is  | bytes pass as-is                               |
-//! | `Latency`   | connected to upstream                    | every chunk sleeps `per_chunk`, each direction |
+//! | `Latency`   | connected to upstream                    | every chunk arrives `per_chunk` after it was sent, each direction |
 //! | `Refuse`    | accepted, then closed at once with RST   | keep working                                   |
 //! | `Blackhole` | accepted, never connected upstream, every byte swallowed | every further byte swallowed   |
 //! | `ResetAll`  | (one-shot, then behaves as `None`)       | closed with RST, now                           |
 //!
 //! # Invariants
 //!
-//! - **Order.** Each direction of a connection is one sequential loop
-//!   (read a chunk, maybe sleep, write it), so bytes are never reordered,
-//!   with or without latency.
+//! - **Order.** Each direction of a connection is one reader queueing
+//!   chunks and one writer writing them in the order read, each once it is
+//!   due (`Latency`: `per_chunk` after it was read), so bytes are never
+//!   reordered, and pipelined chunks are in flight together as on a long
+//!   link.
 //! - **Blackhole never forwards a byte** read while it is set. A connection
 //!   that has swallowed a byte stays blackholed until it closes, even after
 //!   the fault is lifted: resuming would hand the peer a stream with a hole

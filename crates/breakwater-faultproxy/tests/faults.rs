@@ -150,6 +150,34 @@ async fn latency_delays_each_direction_and_keeps_order() -> io::Result<()> {
     Ok(())
 }
 
+/// Latency is a delay in flight, not a pause per chunk: five chunks sent
+/// 20 ms apart come back about one round trip after the last was sent,
+/// not five round trips later (as a proxy sleeping before each write
+/// would: at least 600 ms here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_overlaps_chunks_in_flight() -> io::Result<()> {
+    let proxy = proxy_to_echo().await?;
+    let mut live = connected(&proxy).await?;
+    let per_chunk = Duration::from_millis(100);
+    proxy.set(Fault::Latency { per_chunk });
+    let started = Instant::now();
+    for i in 0..5u8 {
+        live.write_all(&[i]).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut buf = [0; 5];
+    timeout(Duration::from_secs(5), live.read_exact(&mut buf)).await??;
+    let took = started.elapsed();
+    assert_eq!(buf, [0, 1, 2, 3, 4]);
+    assert!(took >= 2 * per_chunk, "back after {took:?}");
+    assert!(
+        took < 5 * per_chunk,
+        "chunks waited behind each other: {took:?}"
+    );
+    proxy.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuse_closes_new_connections_only() -> io::Result<()> {
     let proxy = proxy_to_echo().await?;

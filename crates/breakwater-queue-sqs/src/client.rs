@@ -38,6 +38,10 @@ impl Endpoint {
         let mut loader = aws_config::defaults(BehaviorVersion::latest());
         if let Some(region) = &self.region {
             loader = loader.region(Region::new(region.clone()));
+        } else if self.is_local() && std::env::var_os("AWS_REGION").is_none() {
+            // A local endpoint ignores the region: no walk through the
+            // chain (and its instance-metadata step) to find one.
+            loader = loader.region(Region::new(DEFAULT_REGION));
         }
         if self.is_local() && std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
             loader = loader.credentials_provider(Credentials::new(
