@@ -3,10 +3,11 @@
 //! `statement_timeout`, parameters converted to the types PostgreSQL infers
 //! for them, and a dedicated sampler session for `pg_stat_activity`.
 //!
-//! Round trips per new event: `BEGIN; SET LOCAL ...; SET LOCAL ...` in one
-//! simple-query batch, the inbox insert (which also sets `applied_at`:
-//! `now()` is the transaction's timestamp, so a later `UPDATE` would write
-//! the same value), one per configured statement, and `COMMIT`. Statements
+//! Round trips per new event: two, pipelined. `BEGIN; SET LOCAL ...; SET
+//! LOCAL ...` (one simple-query batch) with the inbox insert (which also
+//! sets `applied_at`: `now()` is the transaction's timestamp, so a later
+//! `UPDATE` would write the same value); then every configured statement
+//! with `COMMIT`. A duplicate costs the first and a `COMMIT`. Statements
 //! are prepared once per connection (`prepare_cached`), and once more at
 //! [`PgSink::connect`] to check them. Sessions get
 //! `idle_in_transaction_session_timeout` as a startup option, which costs no
@@ -26,6 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use futures_util::future::{join, join_all};
 use rust_decimal::Decimal;
 use serde_json::Value;
 use tokio::sync::Mutex;
@@ -201,7 +203,13 @@ impl PgSink {
         })
     }
 
-    /// Runs the transaction; on success it is committed.
+    /// Runs the transaction; on success it is committed. Two round trips,
+    /// pipelined (tokio-postgres sends requests polled together without
+    /// waiting for each answer, and the server runs them in order):
+    /// `BEGIN` with its `SET LOCAL`s and the inbox insert; then, for a new
+    /// event, every statement and `COMMIT`. A statement that fails aborts
+    /// the transaction, so the `COMMIT` behind it rolls back, and its own
+    /// error is the one reported.
     async fn transaction(
         &self,
         client: &Object,
@@ -210,35 +218,12 @@ impl PgSink {
         statements: &[CompiledStatement],
         values: &[Vec<ParamValue>],
     ) -> Result<Applied, SinkError> {
-        client
-            .batch_execute(&self.begin)
-            .await
-            .map_err(|e| classify(&e))?;
+        // Prepared once per connection, bound before anything is sent.
         let insert = client
             .prepare_cached(INSERT_INBOX)
             .await
             .map_err(|e| classify(&e))?;
-        let received_at = system_time(event.received_at_ms);
-        let inserted = client
-            .execute(
-                &insert,
-                &[
-                    &event.event_id,
-                    &event.source,
-                    &event.entity_key,
-                    &payload,
-                    &received_at,
-                ],
-            )
-            .await
-            .map_err(|e| classify(&e))?;
-        if inserted == 0 {
-            client
-                .batch_execute("COMMIT")
-                .await
-                .map_err(|e| classify(&e))?;
-            return Ok(Applied::Duplicate);
-        }
+        let mut runs = Vec::with_capacity(statements.len());
         for (statement, values) in statements.iter().zip(values) {
             let prepared = client
                 .prepare_cached(&statement.sql)
@@ -259,17 +244,44 @@ impl PgSink {
             for ((value, ty), param) in values.iter().zip(types).zip(&statement.params) {
                 bound.push(to_pg(value, ty, &param.name)?);
             }
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                bound.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+            runs.push((prepared, bound));
+        }
+        let received_at = system_time(event.received_at_ms);
+        let (begun, inserted) = join(
+            client.batch_execute(&self.begin),
+            client.execute(
+                &insert,
+                &[
+                    &event.event_id,
+                    &event.source,
+                    &event.entity_key,
+                    &payload,
+                    &received_at,
+                ],
+            ),
+        )
+        .await;
+        // BEGIN cannot fail while the insert behind it succeeds: a failed
+        // SET LOCAL aborts the transaction BEGIN opened (the insert then
+        // fails too), and a broken connection fails both.
+        begun.map_err(|e| classify(&e))?;
+        if inserted.map_err(|e| classify(&e))? == 0 {
             client
-                .execute(&prepared, &refs)
+                .batch_execute("COMMIT")
                 .await
                 .map_err(|e| classify(&e))?;
+            return Ok(Applied::Duplicate);
         }
-        client
-            .batch_execute("COMMIT")
-            .await
-            .map_err(|e| classify(&e))?;
+        let executes = join_all(runs.iter().map(|(prepared, bound)| {
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                bound.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+            async move { client.execute(prepared, &refs).await }
+        }));
+        let (executed, committed) = join(executes, client.batch_execute("COMMIT")).await;
+        for result in executed {
+            result.map_err(|e| classify(&e))?;
+        }
+        committed.map_err(|e| classify(&e))?;
         Ok(Applied::New)
     }
 }
