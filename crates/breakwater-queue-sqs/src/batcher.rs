@@ -1,14 +1,19 @@
 //! Batches single calls into SQS's batch calls (`SendMessageBatch`,
-//! `DeleteMessageBatch`: at most 10 entries, at most 256 KiB) without
-//! lingering: a batch goes as soon as a slot is free, holding whatever
-//! waited meanwhile. Under light load each call goes alone at once; under
-//! heavy load the slots are all busy, calls pile up, and batches fill.
-//! Each caller gets its own entry's outcome.
+//! `DeleteMessageBatch`: at most 10 entries, at most 256 KiB). A batch
+//! goes as soon as a slot is free, holding whatever waited meanwhile, and
+//! after lingering up to `linger` for more when it is not full: none for
+//! sends (a webhook's answer waits for it; under heavy load the slots are
+//! all busy, calls pile up and batches fill anyway), a little for deletes
+//! (an ack can wait, and SQS bills each call, batch or not). Each caller
+//! gets its own entry's outcome.
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use futures_util::future::BoxFuture;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::{Instant, timeout_at};
 
 use breakwater_queue::QueueError;
 
@@ -41,9 +46,10 @@ impl<E: Send + 'static> Batcher<E> {
         in_flight: usize,
         max_bytes: usize,
         capacity: usize,
+        linger: Duration,
     ) -> Self {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        tokio::spawn(run(rx, flush, in_flight.max(1), max_bytes));
+        tokio::spawn(run(rx, flush, in_flight.max(1), max_bytes, linger));
         Self { tx, capacity }
     }
 
@@ -72,6 +78,7 @@ async fn run<E: Send + 'static>(
     flush: Flush<E>,
     in_flight: usize,
     max_bytes: usize,
+    linger: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     let mut carried: Option<Item<E>> = None;
@@ -89,17 +96,23 @@ async fn run<E: Send + 'static>(
         };
         let mut bytes = first.bytes;
         let mut batch = vec![first];
+        let until = Instant::now() + linger;
         while batch.len() < MAX_ENTRIES {
-            match rx.try_recv() {
-                Ok(item) if bytes + item.bytes > max_bytes => {
+            let next = match rx.try_recv() {
+                Ok(item) => Some(item),
+                Err(_) if linger.is_zero() => None,
+                Err(_) => timeout_at(until, rx.recv()).await.ok().flatten(),
+            };
+            match next {
+                Some(item) if bytes + item.bytes > max_bytes => {
                     carried = Some(item);
                     break;
                 }
-                Ok(item) => {
+                Some(item) => {
                     bytes += item.bytes;
                     batch.push(item);
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         let flush = Arc::clone(&flush);
@@ -124,7 +137,6 @@ async fn run<E: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
-    use std::time::Duration;
 
     use super::*;
 
@@ -158,7 +170,7 @@ mod tests {
     #[tokio::test]
     async fn calls_that_wait_go_together_and_each_gets_its_outcome() {
         let (flush, seen) = recording();
-        let b = Arc::new(Batcher::spawn(flush, 1, 1_000, 100));
+        let b = Arc::new(Batcher::spawn(flush, 1, 1_000, 100, Duration::ZERO));
         let calls: Vec<_> = (0..25u32)
             .map(|i| {
                 let b = Arc::clone(&b);
@@ -182,9 +194,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lingering_batch_gathers_calls_that_come_one_by_one() {
+        let (flush, seen) = recording();
+        let b = Arc::new(Batcher::spawn(
+            flush,
+            4,
+            1_000,
+            100,
+            Duration::from_millis(200),
+        ));
+        let mut calls = Vec::new();
+        for i in 0..5u32 {
+            let b = Arc::clone(&b);
+            calls.push(tokio::spawn(async move { b.submit(i, 1).await }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for call in calls {
+            call.await.expect("join").expect("sent");
+        }
+        let batches = seen.lock().expect("log").clone();
+        assert_eq!(
+            batches,
+            vec![vec![0, 1, 2, 3, 4]],
+            "slots were free: only the linger gathers"
+        );
+    }
+
+    #[tokio::test]
     async fn a_batch_stays_under_its_byte_limit() {
         let (flush, seen) = recording();
-        let b = Arc::new(Batcher::spawn(flush, 1, 100, 100));
+        let b = Arc::new(Batcher::spawn(flush, 1, 100, 100, Duration::ZERO));
         let calls: Vec<_> = (0..6u32)
             .map(|i| {
                 let b = Arc::clone(&b);

@@ -23,8 +23,10 @@ pub struct SqsConfig {
     /// queue keeps its policy, which is checked at start.
     pub max_receive_count: u32,
     /// Longest a receive waits for a message (SQS long polling), in whole
-    /// seconds, 0 to 20. A claim waits this long on an empty queue, and a
-    /// breaker that opens meanwhile sees its messages handed back.
+    /// seconds, 0 to 20, while the process holds no claim (an idle worker;
+    /// one with messages applying or held polls without waiting, to come
+    /// back to them). A breaker that opens during a poll waits for it and
+    /// hands back what it took.
     pub wait_time_secs: u32,
     /// Most receives one claim sends at once (each takes up to 10
     /// messages).

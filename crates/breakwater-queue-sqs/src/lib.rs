@@ -6,7 +6,7 @@
 //! | contract | SQS |
 //! |---|---|
 //! | `enqueue` | `SendMessageBatch` of the calls waiting ([`batcher`]), durable once SQS answered; FIFO: the entity key as group id, a hash of source and event id as deduplication id |
-//! | `claim` | `ReceiveMessage` (long poll of `wait_time_secs`, up to 10 a call, `receive_concurrency` calls at once), the lease as `VisibilityTimeout`; **no receive at all while paused** |
+//! | `claim` | `ReceiveMessage` (up to 10 a call, `receive_concurrency` calls at once; a long poll of `wait_time_secs` while this process holds no claim, else a short one), the lease as `VisibilityTimeout`; **no receive at all while paused** |
 //! | `extend_leases` | `ChangeMessageVisibilityBatch` |
 //! | `ack` | `DeleteMessageBatch` of the acks waiting |
 //! | `retry_later` | a copy with the attempt count + 1, delayed (`DelaySeconds` up to 15 min, beyond that or on FIFO held back by `bw-not-before`), then the original deleted |
@@ -75,6 +75,8 @@ const MAX_VISIBILITY_SECS: i32 = 43_200;
 const DEFAULT_MAX_MESSAGE: usize = 262_144;
 /// Most calls waiting for a send or delete batch.
 const WAITING_CALLS: usize = 10_000;
+/// How long an ack waits for others to share its `DeleteMessageBatch`.
+const DELETE_LINGER: Duration = Duration::from_millis(20);
 /// How long a `ready` answer is reused (it costs a call).
 const READY_FOR: Duration = Duration::from_secs(1);
 
@@ -409,12 +411,14 @@ impl SqsQueue {
             config.batches_in_flight,
             max_message_bytes,
             WAITING_CALLS,
+            Duration::ZERO,
         );
         let deletes = Batcher::spawn(
             delete_flush(client.clone(), queue_url.clone()),
             config.batches_in_flight,
             usize::MAX,
             WAITING_CALLS,
+            DELETE_LINGER,
         );
         Ok(Self {
             inner: Arc::new(Inner {
@@ -884,14 +888,20 @@ impl Queue for SqsQueue {
                         .min(batcher::MAX_ENTRIES)
                 })
                 .collect();
-            let results = join_all(sizes.iter().map(|n| {
-                inner.receive(
-                    &inner.queue_url,
-                    *n,
-                    visibility,
-                    inner.config.wait_time_secs,
-                )
-            }))
+            // Long-poll only while this process holds no claim: a worker
+            // with messages applying or held behind their key must come
+            // back to them (a hot key's next message, a lease to extend)
+            // rather than wait in a poll.
+            let wait = if self.outstanding().is_empty() {
+                inner.config.wait_time_secs
+            } else {
+                0
+            };
+            let results = join_all(
+                sizes
+                    .iter()
+                    .map(|n| inner.receive(&inner.queue_url, *n, visibility, wait)),
+            )
             .await;
             let mut received = Vec::new();
             let mut failure = None;
