@@ -193,3 +193,33 @@ pub async fn burst_through_a_broker_outage(
     }
     assert_eq!(applied(db).await, inbox_rows(db).await, "an effect twice");
 }
+
+/// 30 webhooks and a redelivery of one of them through a broker that keeps
+/// no duplicate window (RabbitMQ, a standard SQS queue): the redelivery is
+/// queued again (202) and the sink's inbox applies it once; the queue ends
+/// empty, nothing dead-lettered.
+pub async fn a_redelivery_queued_again_is_applied_once(
+    http: &Http,
+    server: &Server,
+    db: &ScratchDb,
+    prefix: &str,
+) {
+    for i in 0..30 {
+        let a = send(http, server, &format!("{prefix}_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    }
+    let again = send(http, server, &format!("{prefix}_3"), 4).await;
+    assert_eq!(again.status, StatusCode::ACCEPTED, "{:?}", again.body);
+    wait_for_applied(db, 30, Duration::from_secs(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = queue_stats(http, server).await;
+        if stats["visible"] == 0 && stats["in_flight"] == 0 {
+            assert_eq!(stats["dead_lettered"], 0, "{stats}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(applied(db).await, 30, "the duplicate had an effect");
+}

@@ -15,7 +15,7 @@ use breakwater_queue_rabbitmq::rabbitmqctl::{counts_become, prefetches, queue_co
 use http::StatusCode;
 
 use crate::orders::{
-    applied, burst_through_a_broker_outage, orders_db,
+    a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage, orders_db,
     poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
 };
 use crate::utils::*;
@@ -65,26 +65,7 @@ async fn webhooks_flow_through_rabbitmq_into_postgres_once_each() {
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    for i in 0..30 {
-        let a = send(&http, &server, &format!("evt_amqp_{i}"), 1 + i % 50).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-    }
-    // RabbitMQ keeps no duplicate window: a redelivery is queued again,
-    // and the sink's inbox applies it once.
-    let again = send(&http, &server, "evt_amqp_3", 4).await;
-    assert_eq!(again.status, StatusCode::ACCEPTED, "{:?}", again.body);
-    wait_for_applied(&db, 30, Duration::from_secs(20)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = queue_stats(&http, &server).await;
-        if stats["visible"] == 0 && stats["in_flight"] == 0 {
-            assert_eq!(stats["dead_lettered"], 0, "{stats}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "{stats}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(applied(&db).await, 30, "the duplicate had an effect");
+    a_redelivery_queued_again_is_applied_once(&http, &server, &db, "evt_amqp").await;
 }
 
 /// While the breaker is open no message is delivered to a worker, as the

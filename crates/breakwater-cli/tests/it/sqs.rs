@@ -13,7 +13,7 @@ use breakwater_queue_sqs::{Endpoint, SqsQueue};
 use http::StatusCode;
 
 use crate::orders::{
-    applied, burst_through_a_broker_outage, orders_db,
+    a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage, orders_db,
     poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
 };
 use crate::utils::*;
@@ -67,26 +67,7 @@ async fn webhooks_flow_through_sqs_into_postgres_once_each() {
     let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    for i in 0..30 {
-        let a = send(&http, &server, &format!("evt_sqs_{i}"), 1 + i % 50).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-    }
-    // A standard queue keeps no duplicate window: a redelivery is queued
-    // again, and the sink's inbox applies it once.
-    let again = send(&http, &server, "evt_sqs_3", 4).await;
-    assert_eq!(again.status, StatusCode::ACCEPTED, "{:?}", again.body);
-    wait_for_applied(&db, 30, Duration::from_secs(20)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let stats = queue_stats(&http, &server).await;
-        if stats["visible"] == 0 && stats["in_flight"] == 0 {
-            assert_eq!(stats["dead_lettered"], 0, "{stats}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "{stats}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(applied(&db).await, 30, "the duplicate had an effect");
+    a_redelivery_queued_again_is_applied_once(&http, &server, &db, "evt_sqs").await;
 }
 
 /// While the breaker is open nothing is received, as SQS itself counts
