@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use breakwater_faultproxy::{Fault, FaultProxy};
 use breakwater_queue_rabbitmq::RabbitMqQueue;
