@@ -29,6 +29,11 @@ pub struct BreakerView {
     pub parked_keys: Vec<ParkedKey>,
     /// Sessions waiting on a lock, as the database last reported them.
     pub db_lock_waiters: Option<u32>,
+    /// What the queue's own settings could do to the workers' messages
+    /// (a broker redelivery limit, SQS `maxReceiveCount`, with too little
+    /// room for releases), found when the process started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub queue_warnings: Vec<String>,
 }
 
 /// Where the breaker runs.
@@ -122,6 +127,7 @@ mod tests {
             breaker: None,
             parked_keys: Vec::new(),
             db_lock_waiters: None,
+            queue_warnings: vec!["the queue's own redelivery limit is 5".into()],
         };
         let json = serde_json::to_value(&view).expect("json");
         assert_eq!(json["location"]["kind"], "with_the_workers");

@@ -593,6 +593,9 @@ fn print_breaker(view: &BreakerView) -> anyhow::Result<()> {
             .collect();
         outln!("parked keys  {}", keys.join(", "));
     }
+    for warning in &view.queue_warnings {
+        outln!("queue        {warning}");
+    }
     outln!("transitions");
     for t in &b.history {
         outln!(

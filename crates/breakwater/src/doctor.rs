@@ -75,6 +75,11 @@ pub struct Live {
     /// The sink's database: `Ok(None)` for SQLite, the error when it could
     /// not be read.
     pub database: Result<Option<DatabaseAudit>, String>,
+    /// The queue's own redelivery limit (SQS `maxReceiveCount`): `Ok(None)`
+    /// when the broker has none or the queue does not exist yet (then
+    /// Breakwater makes it with its own), the error when it could not be
+    /// opened.
+    pub redelivery_limit: Result<Option<u32>, String>,
 }
 
 /// Reads the live facts `audit` needs.
@@ -83,7 +88,17 @@ pub async fn gather(config: &Config) -> Live {
         .map(|s| s.len())
         .map_err(|e| e.to_string());
     let database = breakwater_sink::audit_database(&crate::serve::sink_settings(config)).await;
-    Live { sources, database }
+    let redelivery_limit =
+        match crate::queue::open(&config.queue, crate::queue::OpenMode::Inspect).await {
+            Ok(queue) => Ok(queue.redelivery_limit()),
+            Err(crate::queue::QueueError::Missing { .. }) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        };
+    Live {
+        sources,
+        database,
+        redelivery_limit,
+    }
 }
 
 /// The checklist, item by item.
@@ -94,7 +109,7 @@ pub fn audit(config: &Config, live: &Live) -> Vec<Finding> {
     out.push(retries(config));
     out.push(signals(config));
     out.push(probes_and_ramp(config));
-    out.push(redelivery(config));
+    out.push(redelivery(config, live));
     out
 }
 
@@ -391,15 +406,37 @@ fn probes_and_ramp(config: &Config) -> Finding {
     }
 }
 
-fn redelivery(config: &Config) -> Finding {
-    pass(
-        "queue.redelivery",
-        format!(
-            "{} backend: attempts are counted apart from redeliveries and end in the DLQ \
-             after {}; a release never counts one",
-            config.queue.backend, config.workers.max_attempts
+fn redelivery(config: &Config, live: &Live) -> Finding {
+    const CHECK: &str = "queue.redelivery";
+    let max_attempts = config.workers.max_attempts;
+    match &live.redelivery_limit {
+        Err(e) => flag(
+            CHECK,
+            Verdict::Warn,
+            format!("the queue could not be opened to read its own redelivery limit: {e}"),
+            "check [queue] and that the broker is reachable from here",
         ),
-    )
+        Ok(limit) => match crate::queue::redelivery_warning(*limit, max_attempts) {
+            Some(warning) => flag(
+                CHECK,
+                Verdict::Warn,
+                warning,
+                "raise the queue's maxReceiveCount (its redrive policy), or drop the policy: \
+                 Breakwater dead-letters failed messages itself, with their reason",
+            ),
+            None => pass(
+                CHECK,
+                format!(
+                    "{} backend: attempts are counted apart from redeliveries and end in the \
+                     DLQ after {max_attempts}; a release never counts one{}",
+                    config.queue.backend,
+                    limit.map_or_else(String::new, |l| format!(
+                        "; the queue's own limit of {l} receives leaves room for releases"
+                    )),
+                ),
+            ),
+        },
+    }
 }
 
 /// Whether any finding failed.
@@ -433,7 +470,32 @@ mod tests {
         Live {
             sources: Ok(1),
             database: Ok(Some(database)),
+            redelivery_limit: Ok(None),
         }
+    }
+
+    #[test]
+    fn a_broker_redelivery_limit_without_room_for_releases_is_a_warning() {
+        let config = Config::default();
+        let mut l = live(db(1000, 5000, 60_000));
+        assert_eq!(
+            verdict(&audit(&config, &l), "queue.redelivery"),
+            Verdict::Pass
+        );
+        l.redelivery_limit = Ok(Some(1000));
+        assert_eq!(
+            verdict(&audit(&config, &l), "queue.redelivery"),
+            Verdict::Pass
+        );
+        l.redelivery_limit = Ok(Some(5));
+        let f = audit(&config, &l);
+        assert_eq!(verdict(&f, "queue.redelivery"), Verdict::Warn);
+        assert!(!failed(&f), "a warning, not a failure");
+        l.redelivery_limit = Err("unreachable".into());
+        assert_eq!(
+            verdict(&audit(&config, &l), "queue.redelivery"),
+            Verdict::Warn
+        );
     }
 
     #[test]

@@ -430,9 +430,11 @@ pub async fn start_with(
     ));
 
     let runs_workers = role != Role::Ingress;
-    if let Some(warning) =
+    let queue_warnings: Vec<String> =
         crate::queue::redelivery_warning(queue.redelivery_limit(), config.workers.max_attempts)
-    {
+            .into_iter()
+            .collect();
+    for warning in &queue_warnings {
         tracing::warn!(backend = %config.queue.backend, "{warning}");
     }
     let controller = if runs_workers {
@@ -495,6 +497,7 @@ pub async fn start_with(
         token: config.admin.token.clone(),
         controller: controller.clone(),
         parked: parked.clone(),
+        queue_warnings,
     };
     tasks.push(spawn_server(
         "admin",

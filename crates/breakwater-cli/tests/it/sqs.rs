@@ -152,3 +152,38 @@ async fn poison_reaches_the_sqs_dlq_and_the_breaker_stays_closed() {
     let http = Http::default();
     poison_reaches_the_dlq_and_the_breaker_stays_closed(&http, &server, &db).await;
 }
+
+/// A queue whose redrive policy leaves too little room for releases (here
+/// made by Breakwater with `max_receive_count = 5`): `serve` says so in
+/// `GET /breaker`, and `doctor` warns, without failing.
+#[tokio::test]
+async fn a_redrive_policy_without_room_for_releases_is_reported() {
+    let db = orders_db().await;
+    let queue = QueueName::new();
+    let queue_toml = format!("{}max_receive_count = 5\n", queue.toml(&sqs_url()));
+    let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
+    let server = sandbox.start();
+    let http = Http::default();
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    let warnings = view["queue_warnings"].to_string();
+    assert!(
+        warnings.contains("redelivery limit is 5"),
+        "/breaker: {view}"
+    );
+    let out = std::process::Command::new(binary())
+        .args(["doctor", "--json", "--config"])
+        .arg(sandbox.config_path())
+        .output()
+        .expect("run doctor");
+    let findings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "doctor --json printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let finding = findings
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["check"] == "queue.redelivery"))
+        .unwrap_or_else(|| panic!("no queue.redelivery in {findings}"));
+    assert_eq!(finding["verdict"], "warn", "{finding}");
+}

@@ -54,6 +54,9 @@ pub struct Admin {
     pub controller: Option<Arc<Controller>>,
     /// Hot keys parked by the lanes (workers role only).
     pub parked: Option<ParkedKeys>,
+    /// What the queue's own settings could do to the workers' messages,
+    /// found at start (`GET /breaker` shows them).
+    pub queue_warnings: Vec<String>,
 }
 
 /// Most dead letters one `GET /dlq` returns.
@@ -189,12 +192,14 @@ async fn breaker_status(State(admin): State<Arc<Admin>>) -> Response {
                 .and_then(|p| p.lock().ok().map(|p| p.clone()))
                 .unwrap_or_default(),
             db_lock_waiters: controller.last_lock_waiters(),
+            queue_warnings: admin.queue_warnings.clone(),
         },
         None => BreakerView {
             location: ingress_only(),
             breaker: None,
             parked_keys: Vec::new(),
             db_lock_waiters: None,
+            queue_warnings: admin.queue_warnings.clone(),
         },
     };
     Json(view).into_response()
