@@ -181,6 +181,11 @@ fn outcomes(
     out
 }
 
+/// Every entry of a batch of `n` failed for one reason (the call itself).
+fn all_failed(n: usize, why: &str) -> Vec<Result<String, QueueError>> {
+    (0..n).map(|_| Err(unavailable(why))).collect()
+}
+
 fn send_flush(client: aws_sdk_sqs::Client, url: String) -> Flush<Send> {
     Arc::new(move |batch: Vec<Send>| {
         let (client, url) = (client.clone(), url.clone());
@@ -193,10 +198,7 @@ fn send_flush(client: aws_sdk_sqs::Client, url: String) -> Flush<Send> {
                 .collect();
             let entries = match entries {
                 Ok(e) => e,
-                Err(e) => {
-                    let why = e.to_string();
-                    return (0..n).map(|_| Err(unavailable(&why))).collect();
-                }
+                Err(e) => return all_failed(n, &e.to_string()),
             };
             match client
                 .send_message_batch()
@@ -216,10 +218,7 @@ fn send_flush(client: aws_sdk_sqs::Client, url: String) -> Flush<Send> {
                     }),
                     false,
                 ),
-                Err(e) => {
-                    let why = sdk("send", e).to_string();
-                    (0..n).map(|_| Err(unavailable(&why))).collect()
-                }
+                Err(e) => all_failed(n, &sdk("send", e).to_string()),
             }
         })
     })
@@ -242,10 +241,7 @@ fn delete_flush(client: aws_sdk_sqs::Client, url: String) -> Flush<String> {
                 .collect();
             let entries = match entries {
                 Ok(e) => e,
-                Err(e) => {
-                    let why = e.to_string();
-                    return (0..n).map(|_| Err(unavailable(&why))).collect();
-                }
+                Err(e) => return all_failed(n, &e.to_string()),
             };
             match client
                 .delete_message_batch()
@@ -264,10 +260,7 @@ fn delete_flush(client: aws_sdk_sqs::Client, url: String) -> Flush<String> {
                         .map(|f| (f.id().to_owned(), f.sender_fault(), f.code().to_owned())),
                     true,
                 ),
-                Err(e) => {
-                    let why = sdk("delete", e).to_string();
-                    (0..n).map(|_| Err(unavailable(&why))).collect()
-                }
+                Err(e) => all_failed(n, &sdk("delete", e).to_string()),
             }
         })
     })
