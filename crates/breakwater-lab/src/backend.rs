@@ -67,11 +67,7 @@ impl LabBackend {
                 breakwater_queue_rabbitmq::RabbitMqQueue::destroy(url, name, &config).await
             }
             Self::Sqs => {
-                let endpoint = breakwater_queue_sqs::Endpoint {
-                    url: Some(url.to_owned()),
-                    region: None,
-                    request_timeout: std::time::Duration::from_secs(5),
-                };
+                let endpoint = breakwater_queue_sqs::Endpoint::at(Some(url.to_owned()));
                 let config = breakwater_queue_sqs::SqsConfig::default();
                 breakwater_queue_sqs::SqsQueue::destroy(&endpoint, name, &config).await
             }

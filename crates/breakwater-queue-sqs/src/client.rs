@@ -27,6 +27,17 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint at `url` (`None`: AWS's own) with the config's default
+    /// region and timeout, for tools and tests that have no `[queue]`.
+    pub fn at(url: Option<String>) -> Self {
+        let defaults = crate::SqsConfig::default();
+        Self {
+            url,
+            region: defaults.region,
+            request_timeout: Duration::from_millis(defaults.request_timeout_ms),
+        }
+    }
+
     fn is_local(&self) -> bool {
         self.url
             .as_deref()

@@ -19,14 +19,9 @@ use breakwater_queue_sqs::{Endpoint, SqsConfig, SqsQueue};
 use bytes::Bytes;
 
 fn endpoint() -> Endpoint {
-    Endpoint {
-        url: Some(
-            std::env::var("BREAKWATER_TEST_SQS_URL")
-                .unwrap_or_else(|_| "http://127.0.0.1:4566".into()),
-        ),
-        region: Some("us-east-1".into()),
-        request_timeout: Duration::from_secs(5),
-    }
+    Endpoint::at(Some(
+        std::env::var("BREAKWATER_TEST_SQS_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into()),
+    ))
 }
 
 /// Queues of the test's own, deleted on drop.

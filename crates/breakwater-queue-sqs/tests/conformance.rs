@@ -14,14 +14,9 @@ use breakwater_queue::{OpenMode, Queue};
 use breakwater_queue_sqs::{Endpoint, SqsConfig, SqsQueue};
 
 fn endpoint() -> Endpoint {
-    Endpoint {
-        url: Some(
-            std::env::var("BREAKWATER_TEST_SQS_URL")
-                .unwrap_or_else(|_| "http://127.0.0.1:4566".into()),
-        ),
-        region: Some("us-east-1".into()),
-        request_timeout: Duration::from_secs(5),
-    }
+    Endpoint::at(Some(
+        std::env::var("BREAKWATER_TEST_SQS_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into()),
+    ))
 }
 
 struct Sqs {

@@ -13,7 +13,7 @@ use http::StatusCode;
 
 use crate::orders::{
     applied, burst_through_a_broker_outage, orders_db,
-    poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
+    poison_reaches_the_dlq_and_the_breaker_stays_closed, reset, send, trip, wait_for_applied,
 };
 use crate::utils::*;
 use crate::worker::sink_config;
@@ -102,14 +102,7 @@ async fn while_the_breaker_is_open_jetstream_delivers_nothing() {
     let sandbox = Sandbox::with_queue(&queue.toml(), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    let tripped = http
-        .post(
-            &server.admin_url("/breaker/trip?note=test"),
-            &[],
-            Vec::new(),
-        )
-        .await;
-    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    trip(&http, &server).await;
     let (delivered_at_trip, _) = consumer_counts(&queue.url, &queue.name).await;
     for i in 0..24 {
         let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
@@ -123,10 +116,7 @@ async fn while_the_breaker_is_open_jetstream_delivers_nothing() {
         );
     }
     assert_eq!(applied(&db).await, 0);
-    let reset = http
-        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
-        .await;
-    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    reset(&http, &server).await;
     wait_for_applied(&db, 24, Duration::from_secs(30)).await;
 }
 

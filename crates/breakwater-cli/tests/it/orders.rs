@@ -1,6 +1,8 @@
 //! The orders the broker tests send through the pipeline, and how they
-//! read what the sink applied (the `ORDERS` table of `worker`).
+//! read what the sink applied (the `ORDERS` table of `worker`); a broker
+//! queue of a test's own, and the breaker tripped and reset by hand.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -222,4 +224,61 @@ pub async fn a_redelivery_queued_again_is_applied_once(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(applied(db).await, 30, "the duplicate had an effect");
+}
+
+/// A queue name of a test's own on a broker, its queues removed on drop
+/// (by `remove`, given the name).
+pub struct BrokerQueue {
+    pub name: String,
+    backend: &'static str,
+    remove: fn(&str),
+}
+
+impl BrokerQueue {
+    pub fn new(backend: &'static str, remove: fn(&str)) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Self {
+            name: format!(
+                "bwit-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ),
+            backend,
+            remove,
+        }
+    }
+
+    /// The `[queue]` table for it at `url`.
+    pub fn toml(&self, url: &str) -> String {
+        format!(
+            "[queue]\nbackend = \"{}\"\nurl = \"{url}\"\nname = \"{}\"\nlease_ms = 10000\n",
+            self.backend, self.name
+        )
+    }
+}
+
+impl Drop for BrokerQueue {
+    fn drop(&mut self) {
+        (self.remove)(&self.name);
+    }
+}
+
+/// Opens the breaker by hand (`POST /breaker/trip`).
+pub async fn trip(http: &Http, server: &Server) {
+    let tripped = http
+        .post(
+            &server.admin_url("/breaker/trip?note=test"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+}
+
+/// Hands the breaker back to automatic control (`POST /breaker/reset`).
+pub async fn reset(http: &Http, server: &Server) {
+    let reset = http
+        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
 }

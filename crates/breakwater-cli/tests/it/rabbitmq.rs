@@ -6,7 +6,6 @@
 //! proxy between Breakwater and the broker.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater_faultproxy::{Fault, FaultProxy};
@@ -15,53 +14,29 @@ use breakwater_queue_rabbitmq::rabbitmqctl::{counts_become, prefetches, queue_co
 use http::StatusCode;
 
 use crate::orders::{
-    a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage, orders_db,
-    poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
+    BrokerQueue, a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage,
+    orders_db, poison_reaches_the_dlq_and_the_breaker_stays_closed, reset, send, trip,
+    wait_for_applied,
 };
 use crate::utils::*;
 use crate::worker::sink_config;
+
+/// Queues of the test's own on the machine's broker.
+fn queue() -> BrokerQueue {
+    BrokerQueue::new("rabbitmq", |name| {
+        RabbitMqQueue::destroy_blocking(&amqp_url(), name)
+    })
+}
 
 fn amqp_url() -> String {
     std::env::var("BREAKWATER_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
-/// A queue name of its own on the broker, its queues deleted on drop.
-struct QueueName {
-    name: String,
-}
-
-impl QueueName {
-    fn new() -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        Self {
-            name: format!(
-                "bwit-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ),
-        }
-    }
-
-    /// The `[queue]` table for it at `url`.
-    fn toml(&self, url: &str) -> String {
-        format!(
-            "[queue]\nbackend = \"rabbitmq\"\nurl = \"{url}\"\nname = \"{}\"\nlease_ms = 10000\n",
-            self.name
-        )
-    }
-}
-
-impl Drop for QueueName {
-    fn drop(&mut self) {
-        RabbitMqQueue::destroy_blocking(&amqp_url(), &self.name);
-    }
-}
-
 #[tokio::test]
 async fn webhooks_flow_through_rabbitmq_into_postgres_once_each() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
@@ -75,18 +50,11 @@ async fn webhooks_flow_through_rabbitmq_into_postgres_once_each() {
 #[tokio::test]
 async fn while_the_breaker_is_open_rabbitmq_delivers_nothing() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    let tripped = http
-        .post(
-            &server.admin_url("/breaker/trip?note=test"),
-            &[],
-            Vec::new(),
-        )
-        .await;
-    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    trip(&http, &server).await;
     counts_become(&queue.name, (0, 0, 0), "open: no consumer").await;
     for i in 0..16 {
         let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
@@ -98,10 +66,7 @@ async fn while_the_breaker_is_open_rabbitmq_delivers_nothing() {
     }
     counts_become(&queue.name, (16, 0, 0), "arrivals wait, ready").await;
     assert_eq!(applied(&db).await, 0);
-    let reset = http
-        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
-        .await;
-    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    reset(&http, &server).await;
     wait_for_applied(&db, 16, Duration::from_secs(30)).await;
 }
 
@@ -117,7 +82,7 @@ async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
     let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), broker)
         .await
         .expect("proxy");
-    let queue = QueueName::new();
+    let queue = queue();
     let url = format!("amqp://guest:guest@{}/%2f", proxy.local_addr());
     let queue_toml = format!(
         "{}request_timeout_ms = 1000\nreconnect_max_ms = 500\n",
@@ -145,7 +110,7 @@ async fn a_cut_broker_connection_mid_burst_loses_nothing_acknowledged() {
 #[tokio::test]
 async fn poison_reaches_the_dlq_queue_and_the_breaker_stays_closed() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let sandbox = Sandbox::with_queue(&queue.toml(&amqp_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();

@@ -5,7 +5,6 @@
 //! cuts every connection at a fault proxy between Breakwater and it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater_faultproxy::{Fault, FaultProxy};
@@ -13,57 +12,28 @@ use breakwater_queue_sqs::{Endpoint, SqsQueue};
 use http::StatusCode;
 
 use crate::orders::{
-    a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage, orders_db,
-    poison_reaches_the_dlq_and_the_breaker_stays_closed, send, wait_for_applied,
+    BrokerQueue, a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage,
+    orders_db, poison_reaches_the_dlq_and_the_breaker_stays_closed, reset, send, trip,
+    wait_for_applied,
 };
 use crate::utils::*;
 use crate::worker::sink_config;
+
+/// Queues of the test's own at the local endpoint.
+fn queue() -> BrokerQueue {
+    BrokerQueue::new("sqs", |name| {
+        SqsQueue::destroy_blocking(&Endpoint::at(Some(sqs_url())), name)
+    })
+}
 
 fn sqs_url() -> String {
     std::env::var("BREAKWATER_TEST_SQS_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into())
 }
 
-/// A queue name of its own at the endpoint, its queues deleted on drop.
-struct QueueName {
-    name: String,
-}
-
-impl QueueName {
-    fn new() -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        Self {
-            name: format!(
-                "bwit-{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ),
-        }
-    }
-
-    /// The `[queue]` table for it at `url`.
-    fn toml(&self, url: &str) -> String {
-        format!(
-            "[queue]\nbackend = \"sqs\"\nurl = \"{url}\"\nname = \"{}\"\nlease_ms = 10000\n",
-            self.name
-        )
-    }
-}
-
-impl Drop for QueueName {
-    fn drop(&mut self) {
-        let endpoint = Endpoint {
-            url: Some(sqs_url()),
-            region: None,
-            request_timeout: Duration::from_secs(5),
-        };
-        SqsQueue::destroy_blocking(&endpoint, &self.name);
-    }
-}
-
 #[tokio::test]
 async fn webhooks_flow_through_sqs_into_postgres_once_each() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
@@ -76,18 +46,11 @@ async fn webhooks_flow_through_sqs_into_postgres_once_each() {
 #[tokio::test]
 async fn while_the_breaker_is_open_nothing_is_received_from_sqs() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    let tripped = http
-        .post(
-            &server.admin_url("/breaker/trip?note=test"),
-            &[],
-            Vec::new(),
-        )
-        .await;
-    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    trip(&http, &server).await;
     for i in 0..12 {
         let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
         assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
@@ -98,10 +61,7 @@ async fn while_the_breaker_is_open_nothing_is_received_from_sqs() {
     let stats = queue_stats(&http, &server).await;
     assert_eq!(stats["visible"], 12, "arrivals wait, visible: {stats}");
     assert_eq!(applied(&db).await, 0);
-    let reset = http
-        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
-        .await;
-    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    reset(&http, &server).await;
     wait_for_applied(&db, 12, Duration::from_secs(30)).await;
 }
 
@@ -121,7 +81,7 @@ async fn a_cut_sqs_connection_mid_burst_loses_nothing_acknowledged() {
     let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), target)
         .await
         .expect("proxy");
-    let queue = QueueName::new();
+    let queue = queue();
     let url = format!("http://{}", proxy.local_addr());
     let queue_toml = format!("{}request_timeout_ms = 1000\n", queue.toml(&url));
     let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
@@ -146,7 +106,7 @@ async fn a_cut_sqs_connection_mid_burst_loses_nothing_acknowledged() {
 #[tokio::test]
 async fn poison_reaches_the_sqs_dlq_and_the_breaker_stays_closed() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
@@ -159,7 +119,7 @@ async fn poison_reaches_the_sqs_dlq_and_the_breaker_stays_closed() {
 #[tokio::test]
 async fn a_redrive_policy_without_room_for_releases_is_reported() {
     let db = orders_db().await;
-    let queue = QueueName::new();
+    let queue = queue();
     let queue_toml = format!("{}max_receive_count = 5\n", queue.toml(&sqs_url()));
     let sandbox = Sandbox::with_queue(&queue_toml, &sink_config(&db, ""));
     let server = sandbox.start();
