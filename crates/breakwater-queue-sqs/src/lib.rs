@@ -102,6 +102,16 @@ fn secs_up(d: Duration, max: i32) -> i32 {
     i32::try_from(secs).unwrap_or(max).min(max)
 }
 
+/// How many messages each of a claim's receives asks for: shares that add
+/// up to `max` (or to what `concurrency` receives of 10 can take), each at
+/// most 10.
+fn receive_sizes(max: usize, concurrency: usize) -> Vec<usize> {
+    let calls = max.div_ceil(batcher::MAX_ENTRIES).min(concurrency.max(1));
+    (0..calls)
+        .map(|i| (max * (i + 1) / calls - max * i / calls).min(batcher::MAX_ENTRIES))
+        .collect()
+}
+
 /// A message going to SQS: what to send and how.
 struct Send {
     out: Outgoing,
@@ -871,16 +881,7 @@ impl Queue for SqsQueue {
                 return Ok(Vec::new());
             }
             let visibility = secs_up(lease, MAX_VISIBILITY_SECS).max(1);
-            let calls = max
-                .div_ceil(batcher::MAX_ENTRIES)
-                .min(inner.config.receive_concurrency.max(1));
-            let sizes: Vec<usize> = (0..calls)
-                .map(|i| {
-                    (max - i * max / calls)
-                        .div_ceil(calls - i)
-                        .min(batcher::MAX_ENTRIES)
-                })
-                .collect();
+            let sizes = receive_sizes(max, inner.config.receive_concurrency);
             // Long-poll only while this process holds no claim: a worker
             // with messages applying or held behind their key must come
             // back to them (a hot key's next message, a lease to extend)
@@ -919,7 +920,6 @@ impl Queue for SqsQueue {
             }
             return Ok(Vec::new());
         }
-        drop(receiving);
         let until = started + lease;
         let now = now_ms();
         let mut out = Vec::with_capacity(received.len());
@@ -974,6 +974,7 @@ impl Queue for SqsQueue {
                 tracing::debug!(error = %e, "a held-back retry is visible again early");
             }
         }
+        drop(receiving);
         Ok(out)
     }
 
@@ -1330,6 +1331,18 @@ mod tests {
         assert_eq!(secs_up(Duration::from_millis(1), 900), 1);
         assert_eq!(secs_up(Duration::from_millis(1500), 900), 2);
         assert_eq!(secs_up(Duration::from_secs(5000), 900), 900);
+    }
+
+    #[test]
+    fn a_claim_never_asks_for_more_than_its_window() {
+        for max in 1..=60 {
+            let sizes = receive_sizes(max, 4);
+            assert!(
+                sizes.iter().all(|n| (1..=10).contains(n)),
+                "{max}: {sizes:?}"
+            );
+            assert_eq!(sizes.iter().sum::<usize>(), max.min(40), "{max}: {sizes:?}");
+        }
     }
 
     #[test]

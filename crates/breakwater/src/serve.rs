@@ -430,10 +430,15 @@ pub async fn start_with(
     ));
 
     let runs_workers = role != Role::Ingress;
-    let queue_warnings: Vec<String> =
+    // A redelivery limit concerns the workers' messages: an ingress-only
+    // process has nothing to say about it.
+    let queue_warnings: Vec<String> = if runs_workers {
         crate::queue::redelivery_warning(queue.redelivery_limit(), config.workers.max_attempts)
             .into_iter()
-            .collect();
+            .collect()
+    } else {
+        Vec::new()
+    };
     for warning in &queue_warnings {
         tracing::warn!(backend = %config.queue.backend, "{warning}");
     }

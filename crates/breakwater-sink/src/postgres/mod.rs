@@ -9,9 +9,11 @@
 //! `UPDATE` would write the same value); then every configured statement
 //! with `COMMIT`. A duplicate costs the first and a `COMMIT`. Statements
 //! are prepared once per connection (`prepare_cached`), and once more at
-//! [`PgSink::connect`] to check them. Sessions get
-//! `idle_in_transaction_session_timeout` as a startup option, which costs no
-//! round trip.
+//! [`PgSink::connect`] to check them; an apply prepares before its `BEGIN`,
+//! so sessions get `lock_timeout` as a startup option too (parsing locks
+//! the tables a statement names), with `idle_in_transaction_session_timeout`,
+//! which costs no round trip. `SET LOCAL` still sets both timeouts for each
+//! transaction.
 //!
 //! A transaction that does not end cleanly (the apply future is dropped, a
 //! client-side deadline passes, `ROLLBACK` fails) takes its connection out
@@ -336,9 +338,13 @@ fn session_configs(settings: &SinkSettings) -> Result<(Config, Config), SinkSetu
     if !options.is_empty() {
         options.push(' ');
     }
+    // lock_timeout for the session too: an apply prepares a statement it
+    // has not cached before its BEGIN (so the steady state pipelines), and
+    // parsing takes locks on the tables a statement names.
     options.push_str(&format!(
-        "-c idle_in_transaction_session_timeout={}",
-        millis(settings.idle_in_transaction_timeout)
+        "-c idle_in_transaction_session_timeout={} -c lock_timeout={}",
+        millis(settings.idle_in_transaction_timeout),
+        millis(settings.lock_timeout)
     ));
     config.options(&options);
     Ok((config, sampler))
