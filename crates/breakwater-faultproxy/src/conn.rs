@@ -1,4 +1,4 @@
-//! One proxied connection: dial upstream, then two copy loops.
+//! One proxied connection: dial upstream, then relay each direction.
 //!
 //! Each direction is a reader and a writer: the reader reads a chunk (up to
 //! [`CHUNK`] bytes), looks up the fault *for that chunk*, then
@@ -126,11 +126,9 @@ async fn pipe(
     Ok(())
 }
 
-/// A chunk on its way, or the end of the stream.
-enum InFlight {
-    Chunk { due: Instant, bytes: Vec<u8> },
-    End,
-}
+/// A chunk on its way: its bytes and when they may leave. The reader
+/// closing the channel is the end of the stream.
+type InFlight = (Instant, Vec<u8>);
 
 async fn read_side(
     mut from: ReadHalf<'_>,
@@ -148,8 +146,6 @@ async fn read_side(
                     "peer hung up on a blackholed connection",
                 ));
             }
-            // The writer may be gone already (it failed): nothing to end.
-            let _ = tx.send(InFlight::End).await;
             return Ok(());
         }
         let now = Instant::now();
@@ -162,11 +158,7 @@ async fn read_side(
             Fault::Latency { per_chunk } => now + per_chunk,
             Fault::None | Fault::Refuse | Fault::ResetAll => now,
         };
-        let chunk = InFlight::Chunk {
-            due,
-            bytes: buf[..n].to_vec(),
-        };
-        if tx.send(chunk).await.is_err() {
+        if tx.send((due, buf[..n].to_vec())).await.is_err() {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the other side stopped taking bytes",
@@ -180,19 +172,15 @@ async fn write_side(
     mut to: WriteHalf<'_>,
     forwarded: &AtomicU64,
 ) -> io::Result<()> {
-    while let Some(item) = rx.recv().await {
-        match item {
-            InFlight::Chunk { due, bytes } => {
-                tokio::time::sleep_until(due).await;
-                to.write_all(&bytes).await?;
-                forwarded.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            }
-            InFlight::End => {
-                to.shutdown().await?;
-                return Ok(());
-            }
+    while let Some((due, bytes)) = rx.recv().await {
+        // No timer for a chunk already due (no fault): order is kept all
+        // the same, as chunks leave one by one.
+        if due > Instant::now() {
+            tokio::time::sleep_until(due).await;
         }
+        to.write_all(&bytes).await?;
+        forwarded.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     }
-    // The reader failed; its error ends the relay.
-    Ok(())
+    // The reader saw the end of the stream.
+    to.shutdown().await
 }

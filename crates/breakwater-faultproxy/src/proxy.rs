@@ -5,7 +5,7 @@
 //! counters. The `watch` channel is the single source of truth and the
 //! wake-up mechanism at once:
 //!
-//! - copy loops read the current fault per chunk (`Sender::borrow`, a cheap
+//! - each direction's reader reads the current fault per chunk (`Sender::borrow`, a cheap
 //!   read lock);
 //! - each connection task waits for "`resets` moved past the value seen at
 //!   accept, or `shutdown`", and on that closes both sockets with RST;

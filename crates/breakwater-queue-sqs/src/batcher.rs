@@ -1,5 +1,6 @@
 //! Batches single calls into SQS's batch calls (`SendMessageBatch`,
-//! `DeleteMessageBatch`: at most 10 entries, at most 256 KiB). A batch
+//! `DeleteMessageBatch`: at most 10 entries, at most the queue's message
+//! size). A batch
 //! goes as soon as a slot is free, holding whatever waited meanwhile, and
 //! after lingering up to `linger` for more when it is not full: none for
 //! sends (a webhook's answer waits for it; under heavy load the slots are

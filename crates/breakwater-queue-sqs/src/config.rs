@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields, default)]
 pub struct SqsConfig {
     /// The AWS region. Unset: the AWS chain's (`AWS_REGION`, the profile),
-    /// else `us-east-1`.
+    /// else `us-east-1`; for a local `http://` endpoint, `AWS_REGION` or
+    /// `us-east-1`, without the chain.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     /// The queue dead letters go to. Unset: `<name>-dlq` (`<base>-dlq.fifo`
@@ -34,8 +35,9 @@ pub struct SqsConfig {
     /// Most send or delete batches in flight at once; webhooks arriving
     /// while they are all busy wait and go in the next batch (up to 10).
     pub batches_in_flight: usize,
-    /// Longest wait for SQS to answer a call (a receive: beyond its long
-    /// poll), in milliseconds.
+    /// Longest wait for SQS to answer one attempt of a call (a receive:
+    /// beyond its long poll), in milliseconds; the SDK tries a call up to 3
+    /// times (with backoff) before it fails.
     pub request_timeout_ms: u64,
     /// Most dead letters a `dlq` command reads through (SQS cannot address
     /// a message in a queue: listing receives them and hands them back).

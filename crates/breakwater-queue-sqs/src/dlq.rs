@@ -25,7 +25,7 @@ use crate::{Inner, Received};
 const SCAN_HOLD: i32 = 60;
 
 struct Entry {
-    id: String,
+    /// Its id is `record.id`.
     record: DeadLetter,
     meta: Option<Meta>,
     body: Bytes,
@@ -36,7 +36,7 @@ impl Entry {
     fn of(r: Received) -> Self {
         let (meta, body) = match r.decoded {
             Ok((meta, body)) => (Some(meta), body),
-            Err(_) => (None, Bytes::from(r.raw_body.clone())),
+            Err(_) => (None, Bytes::from(r.raw_body)),
         };
         let record = match &meta {
             Some(m) => DeadLetter {
@@ -72,11 +72,7 @@ impl Entry {
         };
         let id = format!("{:013}-{}", record.dead_at_ms.max(0), r.message_id);
         Self {
-            record: DeadLetter {
-                id: id.clone(),
-                ..record
-            },
-            id,
+            record: DeadLetter { id, ..record },
             meta,
             body,
             handle: r.handle,
@@ -105,7 +101,7 @@ impl Scan {
         let max = inner.config.dlq_scan_max;
         let mut entries = Vec::new();
         loop {
-            let want = (max - entries.len()).min(10);
+            let want = (max - entries.len()).min(crate::batcher::MAX_ENTRIES);
             if want == 0 {
                 break;
             }
@@ -129,8 +125,8 @@ impl Scan {
             }
             entries.extend(got.into_iter().map(Entry::of));
         }
-        entries.sort_by(|a, b| a.id.cmp(&b.id));
-        entries.dedup_by(|a, b| a.id == b.id);
+        entries.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+        entries.dedup_by(|a, b| a.record.id == b.record.id);
         let full = entries.len() >= max;
         Ok(Self { entries, full })
     }
@@ -145,7 +141,7 @@ impl Scan {
             .filter(|e| {
                 page.after
                     .as_deref()
-                    .is_none_or(|after| e.id.as_str() > after)
+                    .is_none_or(|after| e.record.id.as_str() > after)
             })
             .take(page.limit)
             .map(|e| e.record(false))
@@ -155,7 +151,7 @@ impl Scan {
     pub(crate) fn show(&self, id: &str) -> Option<DeadLetter> {
         self.entries
             .iter()
-            .find(|e| e.id == id)
+            .find(|e| e.record.id == id)
             .map(|e| e.record(true))
     }
 
@@ -172,7 +168,7 @@ impl Scan {
         let mut kept = Vec::new();
         let mut failure = None;
         for entry in std::mem::take(&mut self.entries) {
-            let chosen = ids.is_empty() || ids.contains(&entry.id);
+            let chosen = ids.is_empty() || ids.contains(&entry.record.id);
             let meta = match (
                 &entry.meta,
                 chosen && done.len() < limit && failure.is_none(),
@@ -196,7 +192,7 @@ impl Scan {
                 Err(e) => Err(e),
             };
             match sent {
-                Ok(()) => done.push(entry.id),
+                Ok(()) => done.push(entry.record.id),
                 Err(e) => {
                     failure = Some(e);
                     kept.push(entry);
@@ -220,7 +216,7 @@ impl Scan {
         let mut kept = Vec::new();
         let mut failure = None;
         for entry in std::mem::take(&mut self.entries) {
-            if failure.is_none() && (ids.is_empty() || ids.contains(&entry.id)) {
+            if failure.is_none() && (ids.is_empty() || ids.contains(&entry.record.id)) {
                 match inner.delete_from(&inner.dlq_url, &entry.handle).await {
                     Ok(()) => {
                         n += 1;

@@ -10,7 +10,7 @@
 //! | `extend_leases` | `ChangeMessageVisibilityBatch` |
 //! | `ack` | `DeleteMessageBatch` of the acks waiting |
 //! | `retry_later` | a copy with the attempt count + 1, delayed (`DelaySeconds` up to 15 min, beyond that or on FIFO held back by `bw-not-before`), then the original deleted |
-//! | `release` | `ChangeMessageVisibility` to the delay: handed back untried, nothing counted but SQS's receive count |
+//! | `release` | a visibility change (`ChangeMessageVisibilityBatch`) to the delay: handed back untried, nothing counted but SQS's receive count |
 //! | `dead_letter` | a copy with class and reason to the DLQ queue, then the original deleted |
 //! | `set_flow` | pull backend: no receive while paused (and the pause waits for the receives in flight), at most the window per claim |
 //! | `dlq_*` | the DLQ's messages received (held invisible), the chosen ones settled, the rest handed back (`dlq.rs`) |
@@ -22,8 +22,9 @@
 //! fresh copy carrying the count + 1, sent before the original is deleted
 //! (a crash between the two leaves two copies, which the sink's inbox
 //! applies once). A copy starts a fresh receive count, so the queue's
-//! redrive policy (`maxReceiveCount`) only ever counts releases and lapsed
-//! leases since the last attempt; it is read at start
+//! redrive policy (`maxReceiveCount`) counts only the receives since the
+//! last attempt (the attempt's own, releases, lapsed leases, and the
+//! receive that holds back a copy not yet due); it is read at start
 //! ([`Queue::redelivery_limit`]).
 //!
 //! **Receipts** carry the message id and the receipt handle of their
@@ -32,11 +33,11 @@
 //! message to another worker, and would take the stale handle's delete).
 
 mod batcher;
-pub mod client;
-pub mod config;
+mod client;
+mod config;
 mod dlq;
-pub mod names;
-pub mod wire;
+mod names;
+mod wire;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -479,11 +480,6 @@ impl SqsQueue {
         .join();
     }
 
-    /// The names this queue uses.
-    pub fn names(&self) -> &Names {
-        &self.inner.names
-    }
-
     /// The queue's URL.
     pub fn queue_url(&self) -> &str {
         &self.inner.queue_url
@@ -549,7 +545,8 @@ pub(crate) struct Received {
     /// The metadata and body, or why they cannot be read.
     pub(crate) decoded: Result<(Meta, Bytes), wire::Foreign>,
     pub(crate) not_before_ms: Option<i64>,
-    /// The SQS body as it came, for a message that is not Breakwater's.
+    /// The SQS body as it came, kept only for a message that is not
+    /// Breakwater's (empty otherwise).
     pub(crate) raw_body: String,
     pub(crate) sent_at_ms: Option<i64>,
 }
@@ -576,15 +573,21 @@ impl Received {
             body_encoding: string(wire::BODY_ENCODING),
             not_before: string(wire::NOT_BEFORE),
         };
+        let decoded = incoming.decode();
+        let raw_body = if decoded.is_err() {
+            incoming.body.to_owned()
+        } else {
+            String::new()
+        };
         Some(Self {
             message_id: m.message_id()?.to_owned(),
             handle: m.receipt_handle()?.to_owned(),
             receives: system(MessageSystemAttributeName::ApproximateReceiveCount)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1),
-            decoded: incoming.decode(),
+            decoded,
             not_before_ms: incoming.not_before_ms(),
-            raw_body: incoming.body.to_owned(),
+            raw_body,
             sent_at_ms: system(MessageSystemAttributeName::SentTimestamp)
                 .and_then(|v| v.parse().ok()),
         })
@@ -730,14 +733,6 @@ impl Inner {
             dedup: fifo.then(|| names::dedup_id(&meta.source, &meta.event_id, dedup_suffix)),
         }
     }
-
-    fn too_large(&self, send: &Send) -> Option<QueueError> {
-        let size = send.out.size();
-        (size > self.max_message_bytes).then_some(QueueError::TooLarge {
-            bytes: size,
-            max: self.max_message_bytes,
-        })
-    }
 }
 
 impl SqsQueue {
@@ -857,10 +852,13 @@ impl Queue for SqsQueue {
             dead_at_ms: None,
         };
         let send = self.inner.send_of(&meta, &message.body, Duration::ZERO, "");
-        if let Some(e) = self.inner.too_large(&send) {
-            return Err(e);
-        }
         let bytes = send.out.size();
+        if bytes > self.inner.max_message_bytes {
+            return Err(QueueError::TooLarge {
+                bytes,
+                max: self.inner.max_message_bytes,
+            });
+        }
         let id = self.inner.sends.submit(send, bytes).await?;
         Ok(Enqueued::New { id })
     }
@@ -924,29 +922,34 @@ impl Queue for SqsQueue {
         let now = now_ms();
         let mut out = Vec::with_capacity(received.len());
         let mut early = Vec::new();
+        let mut taken = Vec::with_capacity(received.len());
         for r in received {
             if let Some(at) = r.not_before_ms.filter(|at| *at > now) {
                 let wait = Duration::from_millis(u64::try_from(at - now).unwrap_or(0));
                 early.push((r.handle, secs_up(wait, MAX_VISIBILITY_SECS)));
                 continue;
             }
-            let (meta, body) = match &r.decoded {
-                Ok(decoded) => decoded.clone(),
-                Err(why) => {
-                    self.dead_letter_foreign(&r, why).await;
-                    continue;
-                }
-            };
-            self.outstanding().insert(
-                r.message_id.clone(),
-                Lease {
-                    handle: r.handle.clone(),
-                    until,
-                },
-            );
+            match r.decoded {
+                Ok((meta, body)) => taken.push((r.message_id, r.handle, r.receives, meta, body)),
+                Err(ref why) => self.dead_letter_foreign(&r, why).await,
+            }
+        }
+        {
+            let mut outstanding = self.outstanding();
+            for (message_id, handle, _, _, _) in &taken {
+                outstanding.insert(
+                    message_id.clone(),
+                    Lease {
+                        handle: handle.clone(),
+                        until,
+                    },
+                );
+            }
+        }
+        for (message_id, handle, receives, meta, body) in taken {
             out.push(Delivery {
                 message: Message {
-                    id: r.message_id.clone(),
+                    id: message_id.clone(),
                     source: meta.source.clone(),
                     event_id: meta.event_id.clone(),
                     entity_key: meta.entity_key.clone(),
@@ -954,11 +957,11 @@ impl Queue for SqsQueue {
                     body: body.clone(),
                     received_at_ms: meta.received_at_ms,
                     attempts: meta.attempts,
-                    receives: r.receives,
+                    receives,
                 },
                 receipt: Receipt::new(Token {
-                    message_id: r.message_id,
-                    handle: r.handle,
+                    message_id,
+                    handle,
                     meta,
                     body,
                 }),
@@ -1213,10 +1216,9 @@ pub struct SqsBackend;
 impl SqsBackend {
     fn config(section: &QueueSection) -> Result<(Endpoint, String, SqsConfig), ConfigProblem> {
         let config: SqsConfig = section.own()?;
-        let name = section
-            .name
-            .as_deref()
-            .ok_or_else(|| ConfigProblem::key("name", "the sqs backend needs a queue name"))?;
+        // The characters and length; `names::problem` adds where `.fifo` may
+        // stand.
+        let name = section.required_name("-_.", Some(names::MAX_NAME))?;
         if let Some(problem) = names::problem(name) {
             return Err(ConfigProblem::key("name", problem));
         }

@@ -4,23 +4,23 @@
 use sha2::{Digest, Sha256};
 
 /// SQS's limit on a queue name.
-pub const MAX_NAME: usize = 80;
+pub(crate) const MAX_NAME: usize = 80;
 const FIFO_SUFFIX: &str = ".fifo";
 const DLQ_SUFFIX: &str = "-dlq";
 
 /// The queues of one `[queue] name`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
-    pub queue: String,
-    pub dlq: String,
+pub(crate) struct Names {
+    pub(crate) queue: String,
+    pub(crate) dlq: String,
     /// A FIFO queue (its name ends in `.fifo`): groups keep one entity
     /// key's messages in order and sends are deduplicated for 5 minutes.
-    pub fifo: bool,
+    pub(crate) fifo: bool,
 }
 
 impl Names {
     /// The names for `name`, the DLQ's `dlq` when configured.
-    pub fn of(name: &str, dlq: Option<&str>) -> Self {
+    pub(crate) fn of(name: &str, dlq: Option<&str>) -> Self {
         let fifo = name.ends_with(FIFO_SUFFIX);
         let dlq = dlq.map_or_else(
             || match name.strip_suffix(FIFO_SUFFIX) {
@@ -39,7 +39,7 @@ impl Names {
 
 /// What is wrong with `name` as an SQS queue name: letters, digits, `-`
 /// and `_`, with `.fifo` only as the suffix of a FIFO queue, at most 80.
-pub fn problem(name: &str) -> Option<String> {
+pub(crate) fn problem(name: &str) -> Option<String> {
     let base = name.strip_suffix(FIFO_SUFFIX).unwrap_or(name);
     if base.is_empty()
         || !base
@@ -58,7 +58,7 @@ pub fn problem(name: &str) -> Option<String> {
 /// A FIFO message's group: its entity key, so one entity's messages stay
 /// in order; a message without one is a group of its own, so nothing
 /// waits behind it.
-pub fn group_id(entity_key: Option<&str>, source: &str, event_id: &str) -> String {
+pub(crate) fn group_id(entity_key: Option<&str>, source: &str, event_id: &str) -> String {
     match entity_key {
         // A group id is at most 128 characters of a limited set: a long
         // or unusual key is hashed.
@@ -72,7 +72,7 @@ pub fn group_id(entity_key: Option<&str>, source: &str, event_id: &str) -> Strin
 
 /// A FIFO message's deduplication id: the event's, with `suffix` for a
 /// copy that must not be taken for the original (a retry, a replay).
-pub fn dedup_id(source: &str, event_id: &str, suffix: &str) -> String {
+pub(crate) fn dedup_id(source: &str, event_id: &str, suffix: &str) -> String {
     format!("{}{suffix}", digest(&[source, event_id]))
 }
 

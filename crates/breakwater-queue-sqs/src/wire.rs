@@ -18,22 +18,22 @@ use bytes::Bytes;
 
 use breakwater_queue::envelope::Meta;
 
-pub const META: &str = "bw-meta";
-pub const BODY_ENCODING: &str = "bw-body";
-pub const NOT_BEFORE: &str = "bw-not-before";
+pub(crate) const META: &str = "bw-meta";
+pub(crate) const BODY_ENCODING: &str = "bw-body";
+pub(crate) const NOT_BEFORE: &str = "bw-not-before";
 
 /// A message ready for SQS.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outgoing {
-    pub body: String,
-    pub meta: Vec<u8>,
+pub(crate) struct Outgoing {
+    pub(crate) body: String,
+    pub(crate) meta: Vec<u8>,
     /// `bw-body`, when the body is not as it came.
-    pub body_encoding: Option<&'static str>,
-    pub not_before_ms: Option<i64>,
+    pub(crate) body_encoding: Option<&'static str>,
+    pub(crate) not_before_ms: Option<i64>,
 }
 
 impl Outgoing {
-    pub fn new(meta: &Meta, body: &[u8], not_before_ms: Option<i64>) -> Self {
+    pub(crate) fn new(meta: &Meta, body: &[u8], not_before_ms: Option<i64>) -> Self {
         // A struct of strings and numbers always serializes.
         let meta = serde_json::to_vec(meta).unwrap_or_default();
         let (body, body_encoding) = if body.is_empty() {
@@ -54,7 +54,7 @@ impl Outgoing {
 
     /// Bytes SQS counts against its message size limit: the body and each
     /// attribute's name, type and value.
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         let attr = |name: &str, ty: &str, value: usize| name.len() + ty.len() + value;
         self.body.len()
             + attr(META, "Binary", self.meta.len())
@@ -69,20 +69,20 @@ impl Outgoing {
 
 /// A message as SQS handed it over.
 #[derive(Debug, Clone, Copy)]
-pub struct Incoming<'a> {
-    pub body: &'a str,
-    pub meta: Option<&'a [u8]>,
-    pub body_encoding: Option<&'a str>,
-    pub not_before: Option<&'a str>,
+pub(crate) struct Incoming<'a> {
+    pub(crate) body: &'a str,
+    pub(crate) meta: Option<&'a [u8]>,
+    pub(crate) body_encoding: Option<&'a str>,
+    pub(crate) not_before: Option<&'a str>,
 }
 
 /// A message that is not one of Breakwater's.
 #[derive(Debug, thiserror::Error)]
 #[error("not a Breakwater message: {0}")]
-pub struct Foreign(pub String);
+pub(crate) struct Foreign(pub String);
 
 impl Incoming<'_> {
-    pub fn decode(&self) -> Result<(Meta, Bytes), Foreign> {
+    pub(crate) fn decode(&self) -> Result<(Meta, Bytes), Foreign> {
         let meta = self
             .meta
             .ok_or_else(|| Foreign(format!("no {META} attribute")))?;
@@ -100,7 +100,7 @@ impl Incoming<'_> {
     }
 
     /// When the message may run, if it is held back.
-    pub fn not_before_ms(&self) -> Option<i64> {
+    pub(crate) fn not_before_ms(&self) -> Option<i64> {
         self.not_before.and_then(|v| v.trim().parse().ok())
     }
 }

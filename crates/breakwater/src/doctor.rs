@@ -88,12 +88,10 @@ pub async fn gather(config: &Config) -> Live {
         .map(|s| s.len())
         .map_err(|e| e.to_string());
     let database = breakwater_sink::audit_database(&crate::serve::sink_settings(config)).await;
-    let redelivery_limit =
-        match crate::queue::open(&config.queue, crate::queue::OpenMode::Inspect).await {
-            Ok(queue) => Ok(queue.redelivery_limit()),
-            Err(crate::queue::QueueError::Missing { .. }) => Ok(None),
-            Err(e) => Err(e.to_string()),
-        };
+    let redelivery_limit = crate::serve::open_existing_queue(config)
+        .await
+        .map(|queue| queue.and_then(|q| q.redelivery_limit()))
+        .map_err(|e| e.to_string());
     Live {
         sources,
         database,

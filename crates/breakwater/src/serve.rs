@@ -152,9 +152,15 @@ pub async fn check_connected(config: &Config) -> Result<(), ServeError> {
     check(config)?;
     let database = breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
     with_forwards(database, config)?;
+    open_existing_queue(config).await.map(|_| ())
+}
+
+/// The configured queue as it is, creating nothing; `None` when there is
+/// none yet (fine: `serve` makes it).
+pub async fn open_existing_queue(config: &Config) -> Result<Option<Arc<dyn Queue>>, ServeError> {
     match open_queue(config, OpenMode::Inspect).await {
-        // No store yet is fine: `serve` makes one.
-        Ok(_) | Err(ServeError::Queue(crate::queue::QueueError::Missing { .. })) => Ok(()),
+        Ok(queue) => Ok(Some(queue)),
+        Err(ServeError::Queue(crate::queue::QueueError::Missing { .. })) => Ok(None),
         Err(e) => Err(e),
     }
 }

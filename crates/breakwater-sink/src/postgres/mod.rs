@@ -274,11 +274,10 @@ impl PgSink {
                 .map_err(|e| classify(&e))?;
             return Ok(Applied::Duplicate);
         }
-        let executes = join_all(runs.iter().map(|(prepared, bound)| {
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                bound.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-            async move { client.execute(prepared, &refs).await }
-        }));
+        let executes = join_all(
+            runs.iter()
+                .map(|(prepared, bound)| client.execute_raw(prepared, bound.iter())),
+        );
         let (executed, committed) = join(executes, client.batch_execute("COMMIT")).await;
         for result in executed {
             result.map_err(|e| classify(&e))?;

@@ -15,7 +15,8 @@
 //!    falls back to a hash of the body);
 //! 6. enqueue and wait until the queue says it is durable: 202 `accepted`,
 //!    or 200 `duplicate` for an event id already queued or applied; if the
-//!    queue cannot take it, 503 `unavailable` with `Retry-After`.
+//!    queue cannot take it, 503 `unavailable` with `Retry-After`; if it is
+//!    larger than the broker takes (SQS's message size), 413 `too_large`.
 //!
 //! The ingress never touches the sink, so a slow database cannot make it
 //! answer 5xx.
