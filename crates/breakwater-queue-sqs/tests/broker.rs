@@ -260,7 +260,30 @@ async fn a_fifo_queue_keeps_one_key_in_order() {
         }
     }
     let q = open(&name, &SqsConfig::default()).await;
-    let mut order = Vec::new();
+    // One key's message unsettled: none of that key comes out meanwhile,
+    // while the other key's does.
+    let first = claim_within(&q, 1).await.remove(0);
+    let key = first.message.entity_key.clone().expect("a key");
+    let meanwhile = q.claim(10, Duration::from_secs(30)).await.expect("claim");
+    assert!(
+        meanwhile
+            .iter()
+            .all(|d| d.message.entity_key.as_deref() != Some(key.as_str())),
+        "key {key} handed out past its unsettled {}: {meanwhile:?}",
+        first.message.event_id
+    );
+    if key == "a" {
+        assert!(
+            meanwhile.iter().any(|d| d.message.event_id == "b1"),
+            "key b waited behind key a: {meanwhile:?}"
+        );
+    }
+    let mut order = vec![first.message.event_id.clone()];
+    q.ack(&first.receipt).await.expect("ack");
+    for d in meanwhile {
+        order.push(d.message.event_id.clone());
+        q.ack(&d.receipt).await.expect("ack");
+    }
     let deadline = Instant::now() + Duration::from_secs(15);
     while order.len() < 4 {
         assert!(Instant::now() < deadline, "claimed {order:?}");
