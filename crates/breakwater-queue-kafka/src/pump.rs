@@ -1,0 +1,421 @@
+//! The workers' consumer and what it has fetched. One thread per process
+//! polls the group consumer all the time, paused or not, so the consumer
+//! stays a member of its group however long the breaker is open (no
+//! handler ever blocks past `max.poll.interval.ms`), and it alone calls
+//! `pause`, `resume` and `commit`. Claims take from its buffer.
+//!
+//! - **Fetched** records wait in [`State::buffered`] until claimed; a
+//!   retry tier's record whose time has not come waits in
+//!   [`State::waiting`] with its partition paused.
+//! - **Flow**: after every batch of records, and whenever the breaker or
+//!   an assignment changed, the [`Gate`] says which partitions flow, and
+//!   the difference is applied.
+//! - **Rebalance**: a revoked partition commits what it finished and drops
+//!   what this process holds of it (its claims answer `LeaseLost`; the new
+//!   owner reads from the commit); an assigned one starts paused or
+//!   flowing as the gate says, so a partition assigned while the breaker is
+//!   open never starts flowing.
+//! - **Commits**, every `commit_interval_ms`, go up to the lowest
+//!   unfinished offset of each partition ([`PartitionOffsets`]).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::{Headers, Message as _};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::{Notify, watch};
+
+use crate::gate::{Gate, Tp};
+use crate::names::Names;
+use crate::offsets::PartitionOffsets;
+use crate::wire::{self, Foreign, Read};
+
+/// Longest one poll waits for a record.
+const POLL_WAIT: Duration = Duration::from_millis(10);
+/// Most records taken from the consumer under one lock.
+const POLL_BATCH: usize = 256;
+
+/// A record taken from the consumer.
+#[derive(Debug, Clone)]
+pub(crate) struct Polled {
+    pub(crate) tp: Tp,
+    pub(crate) offset: i64,
+    pub(crate) read: Result<Read, Foreign>,
+    pub(crate) body: Bytes,
+    pub(crate) timestamp_ms: Option<i64>,
+}
+
+impl Polled {
+    fn due_at_ms(&self) -> i64 {
+        self.read.as_ref().map_or(0, |r| r.not_before_ms)
+    }
+}
+
+/// A claimed record.
+pub(crate) struct Claimed {
+    pub(crate) polled: Polled,
+    pub(crate) deadline: Instant,
+}
+
+/// What the pump and the claims share.
+pub(crate) struct State {
+    pub(crate) gate: Gate,
+    /// The assigned partitions, with their offsets.
+    pub(crate) offsets: BTreeMap<Tp, PartitionOffsets>,
+    /// Whether each partition is paused at the consumer, as last applied
+    /// (absent: unknown, applied again).
+    paused_at: HashMap<Tp, bool>,
+    pub(crate) buffered: VecDeque<Polled>,
+    /// A tier partition's records from its first one not due yet.
+    pub(crate) waiting: HashMap<Tp, VecDeque<Polled>>,
+    pub(crate) outstanding: HashMap<u64, Claimed>,
+    pub(crate) next_claim: u64,
+    /// The flow generation asked for; the pump publishes the one applied.
+    pub(crate) wanted: u64,
+    /// Something changed that the gate must look at again.
+    pub(crate) dirty: bool,
+}
+
+impl State {
+    pub(crate) fn new(headroom: u32) -> Self {
+        Self {
+            gate: Gate::new(headroom),
+            offsets: BTreeMap::new(),
+            paused_at: HashMap::new(),
+            buffered: VecDeque::new(),
+            waiting: HashMap::new(),
+            outstanding: HashMap::new(),
+            next_claim: 1,
+            wanted: 0,
+            dirty: true,
+        }
+    }
+
+    /// Messages this process holds: fetched, waiting, claimed.
+    fn held(&self) -> usize {
+        self.buffered.len()
+            + self.outstanding.len()
+            + self.waiting.values().map(VecDeque::len).sum::<usize>()
+    }
+
+    /// A record from the consumer; false when it is dropped (a partition no
+    /// longer assigned, a record taken already).
+    fn accept(&mut self, polled: Polled, now_ms: i64) -> bool {
+        let Some(offsets) = self.offsets.get_mut(&polled.tp) else {
+            return false;
+        };
+        if !offsets.take(polled.offset) {
+            return false;
+        }
+        let tp = polled.tp;
+        let queue = self.waiting.entry(tp).or_default();
+        if tp.0.is_tier() && (!queue.is_empty() || polled.due_at_ms() > now_ms) {
+            queue.push_back(polled);
+            self.dirty = true;
+        } else {
+            self.buffered.push_back(polled);
+        }
+        true
+    }
+
+    /// Moves the tier records whose time has come to the buffer.
+    fn release_due(&mut self, now_ms: i64) -> bool {
+        let mut moved = false;
+        for queue in self.waiting.values_mut() {
+            while queue.front().is_some_and(|p| p.due_at_ms() <= now_ms) {
+                if let Some(p) = queue.pop_front() {
+                    self.buffered.push_back(p);
+                    moved = true;
+                }
+            }
+        }
+        if moved {
+            self.dirty = true;
+        }
+        moved
+    }
+
+    /// The record at `offset` of `tp` is done with.
+    pub(crate) fn finish(&mut self, tp: Tp, offset: i64) {
+        if let Some(o) = self.offsets.get_mut(&tp) {
+            o.finish(offset);
+        }
+    }
+
+    /// Drops what this process holds of `revoked`; returns the positions
+    /// to commit for them.
+    fn revoke(&mut self, revoked: &[Tp]) -> Vec<(Tp, i64)> {
+        let commits = revoked
+            .iter()
+            .filter_map(|tp| {
+                let position = self.offsets.remove(tp)?.position()?;
+                Some((*tp, position))
+            })
+            .collect();
+        for tp in revoked {
+            self.paused_at.remove(tp);
+            self.waiting.remove(tp);
+        }
+        self.buffered.retain(|p| !revoked.contains(&p.tp));
+        self.outstanding
+            .retain(|_, c| !revoked.contains(&c.polled.tp));
+        self.dirty = true;
+        commits
+    }
+
+    fn assign(&mut self, assigned: &[Tp]) {
+        for tp in assigned {
+            self.offsets.entry(*tp).or_default();
+            // Pause state after an assignment is the client's: apply ours.
+            self.paused_at.remove(tp);
+        }
+        self.dirty = true;
+    }
+
+    /// The partitions to pause and to resume so the consumer matches the
+    /// gate.
+    fn reconcile(&mut self) -> (Vec<Tp>, Vec<Tp>) {
+        self.dirty = false;
+        let assigned: Vec<Tp> = self.offsets.keys().copied().collect();
+        let held = self.held();
+        let waiting = &self.waiting;
+        let flowing = self.gate.flowing(&assigned, held, |tp| {
+            waiting.get(&tp).is_some_and(|w| !w.is_empty())
+        });
+        let (mut pause, mut resume) = (Vec::new(), Vec::new());
+        for tp in assigned {
+            let paused = flowing.binary_search(&tp).is_err();
+            if self.paused_at.get(&tp) != Some(&paused) {
+                if paused {
+                    pause.push(tp);
+                } else {
+                    resume.push(tp);
+                }
+                self.paused_at.insert(tp, paused);
+            }
+        }
+        (pause, resume)
+    }
+
+    fn to_commit(&self) -> Vec<(Tp, i64)> {
+        self.offsets
+            .iter()
+            .filter_map(|(tp, o)| Some((*tp, o.to_commit()?)))
+            .collect()
+    }
+
+    fn committed(&mut self, commits: &[(Tp, i64)]) {
+        for (tp, position) in commits {
+            if let Some(o) = self.offsets.get_mut(tp) {
+                o.committed(*position);
+            }
+        }
+    }
+}
+
+/// What the pump thread, the rebalance callbacks and the claims share.
+pub(crate) struct Shared {
+    pub(crate) names: Names,
+    state: Mutex<State>,
+    /// A record came into the buffer.
+    pub(crate) arrived: Notify,
+    /// The flow generation the consumer's partitions follow.
+    pub(crate) applied: watch::Sender<u64>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    pub(crate) fn new(names: Names, headroom: u32) -> Self {
+        Self {
+            names,
+            state: Mutex::new(State::new(headroom)),
+            arrived: Notify::new(),
+            applied: watch::channel(0).0,
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn tps(&self, tpl: &TopicPartitionList) -> Vec<Tp> {
+        tpl.elements()
+            .iter()
+            .filter_map(|e| Some((self.names.ix(e.topic())?, e.partition())))
+            .collect()
+    }
+
+    fn tpl(&self, tps: &[Tp]) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for (ix, p) in tps {
+            tpl.add_partition(self.names.topic(*ix), *p);
+        }
+        tpl
+    }
+
+    fn commit_tpl(&self, commits: &[(Tp, i64)]) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        for ((ix, p), position) in commits {
+            let _ = tpl.add_partition_offset(self.names.topic(*ix), *p, Offset::Offset(*position));
+        }
+        tpl
+    }
+
+    /// Applies the gate to the consumer (pump thread only).
+    fn apply_gate<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>, st: &mut State) {
+        let (pause, resume) = st.reconcile();
+        for (tps, pausing) in [(pause, true), (resume, false)] {
+            if tps.is_empty() {
+                continue;
+            }
+            let tpl = self.tpl(&tps);
+            let done = if pausing {
+                consumer.pause(&tpl)
+            } else {
+                consumer.resume(&tpl)
+            };
+            if let Err(e) = done {
+                tracing::warn!(error = %e, pausing, "kafka: cannot pause or resume partitions; trying again");
+                for tp in &tps {
+                    st.paused_at.remove(tp);
+                }
+                st.dirty = true;
+            }
+        }
+    }
+}
+
+/// The group consumer's context: the rebalance callbacks.
+pub(crate) struct PumpContext {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl ClientContext for PumpContext {}
+
+impl ConsumerContext for PumpContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                let revoked = self.shared.tps(tpl);
+                let commits = self.shared.state().revoke(&revoked);
+                tracing::info!(partitions = revoked.len(), "kafka: partitions revoked");
+                if commits.is_empty() || consumer.assignment_lost() {
+                    return;
+                }
+                if let Err(e) = consumer.commit(&self.shared.commit_tpl(&commits), CommitMode::Sync)
+                {
+                    tracing::warn!(error = %e, "kafka: cannot commit revoked partitions; their records will be read again");
+                }
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "kafka: rebalance failed"),
+            Rebalance::Assign(_) => {}
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let assigned = self.shared.tps(tpl);
+            tracing::info!(partitions = assigned.len(), "kafka: partitions assigned");
+            let mut st = self.shared.state();
+            st.assign(&assigned);
+            // At once: a partition assigned while the breaker is open must
+            // not start flowing.
+            self.shared.apply_gate(consumer, &mut st);
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn polled(shared: &Shared, m: &rdkafka::message::BorrowedMessage<'_>) -> Option<Polled> {
+    let ix = shared.names.ix(m.topic())?;
+    let read = match m.headers() {
+        Some(h) => wire::read(h.iter().map(|h| (h.key, h.value))),
+        None => Err(Foreign::NoMeta),
+    };
+    Some(Polled {
+        tp: (ix, m.partition()),
+        offset: m.offset(),
+        read,
+        body: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+        timestamp_ms: m.timestamp().to_millis(),
+    })
+}
+
+/// The pump thread: polls until told to stop, then commits what is
+/// finished and leaves the group.
+pub(crate) fn run(
+    consumer: BaseConsumer<PumpContext>,
+    shared: Arc<Shared>,
+    commit_every: Duration,
+) {
+    let mut last_commit = Instant::now();
+    let mut batch = Vec::with_capacity(POLL_BATCH);
+    while !shared.stopping() {
+        let mut wait = POLL_WAIT;
+        while batch.len() < POLL_BATCH {
+            match consumer.poll(wait) {
+                Some(Ok(m)) => batch.extend(polled(&shared, &m)),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "kafka: consumer error");
+                    break;
+                }
+                None => break,
+            }
+            wait = Duration::ZERO;
+        }
+        let now = now_ms();
+        let mut st = shared.state();
+        let mut arrived = false;
+        for p in batch.drain(..) {
+            arrived |= st.accept(p, now);
+        }
+        arrived |= st.release_due(now);
+        let wanted = st.wanted;
+        st.dirty |= arrived;
+        if st.dirty {
+            shared.apply_gate(&consumer, &mut st);
+        }
+        let commits = if last_commit.elapsed() >= commit_every {
+            last_commit = Instant::now();
+            st.to_commit()
+        } else {
+            Vec::new()
+        };
+        drop(st);
+        shared.applied.send_replace(wanted);
+        if arrived {
+            shared.arrived.notify_waiters();
+        }
+        if !commits.is_empty() {
+            match consumer.commit(&shared.commit_tpl(&commits), CommitMode::Async) {
+                Ok(()) => shared.state().committed(&commits),
+                Err(e) => tracing::warn!(error = %e, "kafka: cannot commit offsets"),
+            }
+        }
+    }
+    let commits = shared.state().to_commit();
+    if !commits.is_empty() {
+        let _ = consumer.commit(&shared.commit_tpl(&commits), CommitMode::Sync);
+    }
+    consumer.unsubscribe();
+    // Dropping the consumer closes it: it leaves the group now rather
+    // than at its session timeout.
+}
