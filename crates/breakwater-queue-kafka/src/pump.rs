@@ -19,7 +19,7 @@
 //!   unfinished offset of each partition ([`PartitionOffsets`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -225,6 +225,8 @@ pub(crate) struct Shared {
     pub(crate) arrived: Notify,
     /// The flow generation the consumer's partitions follow.
     pub(crate) applied: watch::Sender<u64>,
+    /// Records taken from the broker since the queue was opened.
+    pub(crate) fetched: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -235,6 +237,7 @@ impl Shared {
             state: Mutex::new(State::new(headroom)),
             arrived: Notify::new(),
             applied: watch::channel(0).0,
+            fetched: AtomicU64::new(0),
             stop: AtomicBool::new(false),
         }
     }
@@ -384,9 +387,14 @@ pub(crate) fn run(
         let now = now_ms();
         let mut st = shared.state();
         let mut arrived = false;
+        let mut taken = 0;
         for p in batch.drain(..) {
-            arrived |= st.accept(p, now);
+            if st.accept(p, now) {
+                taken += 1;
+            }
         }
+        arrived |= taken > 0;
+        shared.fetched.fetch_add(taken, Ordering::Relaxed);
         arrived |= st.release_due(now);
         let wanted = st.wanted;
         st.dirty |= arrived;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 pub use breakwater_queue::*;
 use breakwater_queue_embedded::EmbeddedBackend;
+use breakwater_queue_kafka::KafkaBackend;
 use breakwater_queue_nats::NatsBackend;
 use breakwater_queue_rabbitmq::RabbitMqBackend;
 use breakwater_queue_sqs::SqsBackend;
@@ -21,10 +22,8 @@ const BACKENDS: &[&dyn Backend] = &[
     &NatsBackend,
     &RabbitMqBackend,
     &SqsBackend,
+    &KafkaBackend,
 ];
-
-/// Backends planned but not built yet, named in the error for them.
-const PLANNED: &[&str] = &["kafka"];
 
 /// The backend `section` selects.
 pub fn backend(section: &QueueSection) -> Result<&'static dyn Backend, ConfigProblem> {
@@ -35,14 +34,7 @@ pub fn backend(section: &QueueSection) -> Result<&'static dyn Backend, ConfigPro
         .find(|b| b.name() == name)
         .ok_or_else(|| {
             let known: Vec<&str> = BACKENDS.iter().map(|b| b.name()).collect();
-            let message = if PLANNED.contains(&name) {
-                format!(
-                    "\"{name}\" is not available in this build yet; use one of {}",
-                    known.join(", ")
-                )
-            } else {
-                format!("unknown backend; expected one of {}", known.join(", "))
-            };
+            let message = format!("unknown backend; expected one of {}", known.join(", "));
             ConfigProblem::key("backend", message)
         })
 }
