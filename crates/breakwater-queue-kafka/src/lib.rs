@@ -35,6 +35,8 @@ mod gate;
 mod names;
 mod offsets;
 mod pump;
+#[cfg(feature = "tansu")]
+pub mod tansu;
 mod wire;
 
 use std::collections::BTreeMap;

@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use breakwater_faultproxy::{Fault, FaultProxy};
+use breakwater_faultproxy::Fault;
 use breakwater_queue::{Flow, NewMessage, OpenMode, Queue};
+use breakwater_queue_kafka::tansu::ProxiedBroker;
 use breakwater_queue_kafka::{KafkaConfig, KafkaQueue};
 use bytes::Bytes;
 use rdkafka::ClientConfig;
@@ -287,63 +288,6 @@ async fn a_commit_never_passes_an_unfinished_record() {
     while watch.elapsed() < Duration::from_secs(3) {
         let got = q.claim(10, LEASE).await.expect("claim");
         assert!(got.is_empty(), "read again past a complete commit: {got:?}");
-    }
-}
-
-/// A tansu broker of the test's own behind a fault proxy, advertising the
-/// proxy, so every connection of the clients goes through it.
-struct ProxiedBroker {
-    child: std::process::Child,
-    proxy: FaultProxy,
-}
-
-impl ProxiedBroker {
-    async fn start() -> Self {
-        let tansu = std::env::var("BREAKWATER_TANSU").unwrap_or_else(|_| {
-            panic!("BREAKWATER_TANSU names the tansu binary (scripts/test.sh sets it)")
-        });
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let broker: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), broker)
-            .await
-            .expect("proxy");
-        let child = std::process::Command::new(tansu)
-            .args([
-                "broker",
-                "--listener-url",
-                &format!("tcp://{broker}"),
-                "--advertised-listener-url",
-                &format!("tcp://{}", proxy.local_addr()),
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start tansu");
-        let up = Instant::now();
-        while std::net::TcpStream::connect(broker).is_err() {
-            assert!(
-                up.elapsed() < Duration::from_secs(10),
-                "tansu did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self { child, proxy }
-    }
-
-    fn url(&self) -> String {
-        self.proxy.local_addr().to_string()
-    }
-}
-
-impl Drop for ProxiedBroker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -9,6 +9,7 @@ mod crash;
 mod doctor;
 mod forward;
 mod ingress;
+mod kafka;
 mod lab;
 mod nats;
 mod orders;
