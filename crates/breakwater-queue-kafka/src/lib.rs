@@ -272,11 +272,11 @@ impl Inner {
         key: Option<&str>,
         meta: &Meta,
         body: &[u8],
-        not_before_ms: i64,
+        due: Due,
     ) -> Result<rdkafka::producer::future_producer::Delivery, QueueError> {
         let mut headers = OwnedHeaders::new();
         let mut header_bytes = 0;
-        for (k, v) in wire::headers(meta, not_before_ms) {
+        for (k, v) in wire::headers(meta, due.not_before_ms, due.releases) {
             header_bytes += k.len() + v.len();
             headers = headers.insert(Header {
                 key: k,
@@ -397,23 +397,27 @@ impl Inner {
         change(&mut meta);
         let names = &self.shared.names;
         match to {
-            Destination::After(delay) => {
-                let due =
+            Destination::After(delay) | Destination::ReleasedFor(delay) => {
+                let due_at =
                     now_ms().saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
                 let ix = names.for_delay(delay);
-                let not_before = if ix.is_tier() { due } else { 0 };
+                let released = u32::from(matches!(to, Destination::ReleasedFor(_)));
+                let due = Due {
+                    not_before_ms: if ix.is_tier() { due_at } else { 0 },
+                    releases: read.releases.saturating_add(released),
+                };
                 self.produce(
                     names.topic(ix),
                     meta.entity_key.as_deref(),
                     &meta,
                     &polled.body,
-                    not_before,
+                    due,
                 )
                 .await?;
             }
             Destination::DeadLetters => {
                 let id = dlq::new_id(meta.dead_at_ms.unwrap_or_else(now_ms));
-                self.produce(&names.dlq, Some(&id), &meta, &polled.body, 0)
+                self.produce(&names.dlq, Some(&id), &meta, &polled.body, Due::NOW)
                     .await?;
                 self.forget_dlq_count();
             }
@@ -438,7 +442,10 @@ impl Inner {
             dead_at_ms: Some(now_ms()),
         };
         let id = dlq::new_id(now_ms());
-        match self.produce(&names.dlq, Some(&id), &meta, &p.body, 0).await {
+        match self
+            .produce(&names.dlq, Some(&id), &meta, &p.body, Due::NOW)
+            .await
+        {
             Ok(_) => {
                 self.shared.state().finish(p.tp, p.offset);
                 self.forget_dlq_count();
@@ -505,7 +512,9 @@ impl Inner {
                     body: p.body.clone(),
                     received_at_ms: m.received_at_ms,
                     attempts: m.attempts,
-                    receives: 0,
+                    // Not deliveries: releases + 1, which spreads a hot
+                    // key's releases out (as on RabbitMQ).
+                    receives: read.releases.saturating_add(1),
                 },
                 receipt: Receipt::new(Token {
                     claim,
@@ -628,8 +637,26 @@ impl Inner {
 
 /// Where [`Inner::move_to`] puts a copy.
 enum Destination {
+    /// A retry: back after the delay.
     After(Duration),
+    /// Handed back untried: back after the delay, one more release.
+    ReleasedFor(Duration),
     DeadLetters,
+}
+
+/// When a produced record is due, and how often it was released.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    /// Ms since the epoch; 0: at once.
+    not_before_ms: i64,
+    releases: u32,
+}
+
+impl Due {
+    const NOW: Self = Self {
+        not_before_ms: 0,
+        releases: 0,
+    };
 }
 
 fn lease_lost(token: &Token) -> QueueError {
@@ -675,7 +702,13 @@ impl Queue for KafkaQueue {
         let topic = &self.inner.shared.names.topic;
         let d = self
             .inner
-            .produce(topic, meta.entity_key.as_deref(), &meta, &message.body, 0)
+            .produce(
+                topic,
+                meta.entity_key.as_deref(),
+                &meta,
+                &message.body,
+                Due::NOW,
+            )
             .await?;
         Ok(Enqueued::New {
             id: format!("{topic}/{}/{}", d.partition, d.offset),
@@ -745,7 +778,7 @@ impl Queue for KafkaQueue {
         if !delay.is_zero() {
             return self
                 .inner
-                .move_to(receipt, Destination::After(delay), |_| {})
+                .move_to(receipt, Destination::ReleasedFor(delay), |_| {})
                 .await;
         }
         let token = receipt.token::<Token>().ok_or(QueueError::ForeignReceipt)?;
@@ -891,7 +924,7 @@ impl Queue for KafkaQueue {
             };
             let topic = &self.inner.shared.names.topic;
             self.inner
-                .produce(topic, meta.entity_key.as_deref(), &meta, &r.body, 0)
+                .produce(topic, meta.entity_key.as_deref(), &meta, &r.body, Due::NOW)
                 .await?;
             self.inner.tombstone(id).await?;
             put_back.push(id.clone());

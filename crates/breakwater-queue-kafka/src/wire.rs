@@ -21,10 +21,15 @@ pub(crate) const META_HEADER: &str = "breakwater-meta";
 pub(crate) const NOT_BEFORE_HEADER: &str = "breakwater-not-before";
 pub(crate) const CLASS_HEADER: &str = "breakwater-class";
 pub(crate) const ERROR_HEADER: &str = "breakwater-error";
+pub(crate) const RELEASES_HEADER: &str = "breakwater-releases";
 
 /// The headers of a record carrying `meta`, due at `not_before_ms` (0: at
-/// once).
-pub(crate) fn headers(meta: &Meta, not_before_ms: i64) -> Vec<(&'static str, Vec<u8>)> {
+/// once), released `releases` times so far.
+pub(crate) fn headers(
+    meta: &Meta,
+    not_before_ms: i64,
+    releases: u32,
+) -> Vec<(&'static str, Vec<u8>)> {
     // A struct of strings and numbers always serializes.
     let json = serde_json::to_vec(meta).unwrap_or_default();
     let mut out = vec![
@@ -33,6 +38,9 @@ pub(crate) fn headers(meta: &Meta, not_before_ms: i64) -> Vec<(&'static str, Vec
     ];
     if not_before_ms > 0 {
         out.push((NOT_BEFORE_HEADER, not_before_ms.to_string().into_bytes()));
+    }
+    if releases > 0 {
+        out.push((RELEASES_HEADER, releases.to_string().into_bytes()));
     }
     if let Some(class) = &meta.class {
         out.push((CLASS_HEADER, class.clone().into_bytes()));
@@ -57,6 +65,7 @@ pub(crate) enum Foreign {
 pub(crate) struct Read {
     pub(crate) meta: Meta,
     pub(crate) not_before_ms: i64,
+    pub(crate) releases: u32,
 }
 
 /// Reads the headers of a record (name and value pairs, as they came).
@@ -65,6 +74,12 @@ pub(crate) fn read<'a>(
 ) -> Result<Read, Foreign> {
     let mut meta = None;
     let mut not_before_ms = 0;
+    let mut releases = 0;
+    let number = |v: &[u8]| {
+        std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
     for (name, value) in headers {
         match (name, value) {
             (META_HEADER, Some(v)) => {
@@ -72,11 +87,9 @@ pub(crate) fn read<'a>(
                     serde_json::from_slice::<Meta>(v).map_err(|e| Foreign::BadMeta(e.to_string())),
                 );
             }
-            (NOT_BEFORE_HEADER, Some(v)) => {
-                not_before_ms = std::str::from_utf8(v)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .unwrap_or(0);
+            (NOT_BEFORE_HEADER, Some(v)) => not_before_ms = number(v).unwrap_or(0),
+            (RELEASES_HEADER, Some(v)) => {
+                releases = number(v).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
             }
             _ => {}
         }
@@ -84,6 +97,7 @@ pub(crate) fn read<'a>(
     Ok(Read {
         meta: meta.ok_or(Foreign::NoMeta)??,
         not_before_ms,
+        releases,
     })
 }
 
@@ -112,10 +126,11 @@ mod tests {
 
     #[test]
     fn metadata_and_due_time_round_trip() {
-        let h = headers(&meta(), 1_234);
+        let h = headers(&meta(), 1_234, 3);
         let back = read(as_pairs(&h)).expect("read");
         assert_eq!(back.meta, meta());
         assert_eq!(back.not_before_ms, 1_234);
+        assert_eq!(back.releases, 3);
         let mirrored: Vec<&str> = h.iter().map(|(k, _)| *k).collect();
         assert!(mirrored.contains(&ATTEMPTS_HEADER));
         assert!(mirrored.contains(&CLASS_HEADER));
@@ -126,6 +141,7 @@ mod tests {
                 error: None,
                 ..meta()
             },
+            0,
             0,
         );
         assert!(

@@ -124,8 +124,8 @@ pub struct LabArgs {
     #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
     pub backend: LabBackend,
     /// The broker's address (default: the broker's usual local one,
-    /// nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, or the
-    /// SQS endpoint http://127.0.0.1:4566).
+    /// nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, the
+    /// SQS endpoint http://127.0.0.1:4566, or Kafka's 127.0.0.1:9092).
     #[arg(long)]
     pub queue_url: Option<String>,
     /// Which consumers to run.
