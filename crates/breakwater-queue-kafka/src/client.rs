@@ -62,7 +62,12 @@ pub(crate) fn consumer_config(url: &str, config: &KafkaConfig, group: &str) -> C
                 .max(config.session_timeout_ms)
                 .to_string(),
         )
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // A fetch with nothing to return waits at most this long on the
+        // broker: what a webhook arriving meanwhile may wait before a worker
+        // sees it, where a broker does not answer a waiting fetch as soon
+        // as data comes (librdkafka's default is 500 ms).
+        .set("fetch.wait.max.ms", "20");
     c
 }
 

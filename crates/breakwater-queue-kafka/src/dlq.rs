@@ -18,6 +18,10 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::wire;
 
+/// How long the scan polls on past the high watermark for records the
+/// broker did not count.
+const QUIET: Duration = Duration::from_millis(100);
+
 /// A new dead letter's id: its time of death, then a random part.
 pub(crate) fn new_id(dead_at_ms: i64) -> String {
     format!("{dead_at_ms:013}-{:08x}", rand::rng().random::<u32>())
@@ -52,6 +56,11 @@ impl Record {
 /// Reads the dead-letter topic `topic` from the start to its end (at most
 /// `max` records, within `timeout`) with `consumer` (one that never
 /// joins its group); returns the dead letters still there, by id.
+///
+/// The end is the high watermark, and then whatever a further poll still
+/// brings within [`QUIET`]: a broker may report a watermark short of the
+/// records it holds (tansu counts a batch of several records as one), and
+/// the last batch comes whole anyway.
 pub(crate) fn scan(
     consumer: &BaseConsumer,
     topic: &str,
@@ -79,14 +88,20 @@ pub(crate) fn scan(
     consumer.assign(&tpl).map_err(unavailable)?;
     let deadline = Instant::now() + timeout;
     let mut read = 0usize;
-    while !ends.is_empty() && read < max {
+    while read < max {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
             let _ = consumer.unassign();
             return Err(QueueError::Unavailable(format!(
                 "the dead-letter topic {topic} was not read to its end within {timeout:?}"
             )));
         };
-        match consumer.poll(left.min(Duration::from_millis(100))) {
+        let past_the_end = ends.is_empty();
+        let wait = if past_the_end {
+            QUIET
+        } else {
+            Duration::from_millis(100)
+        };
+        match consumer.poll(left.min(wait)) {
             Some(Ok(m)) => {
                 read += 1;
                 if ends
@@ -123,6 +138,7 @@ pub(crate) fn scan(
                 let _ = consumer.unassign();
                 return Err(unavailable(e));
             }
+            None if past_the_end => break,
             None => {}
         }
     }

@@ -9,14 +9,20 @@
 //!   different set at each half-open, so no partition waits behind a bad
 //!   one for ever) and the retry tiers; the rest as the ramp proceeds.
 //! - Flowing: every partition.
-//! - Whatever the flow, every partition pauses while this process holds its
-//!   window (fetched and claimed, beyond the limit plus the headroom) and
-//!   resumes once half of it is taken; a tier's partition pauses while the
-//!   record at its head is not due.
+//! - Whatever the flow, every partition pauses while this process has its
+//!   window fetched and not claimed (the limit plus the headroom; the
+//!   probes half-open) and resumes once half of it is claimed; a tier's partition pauses while
+//!   this process holds [`TIER_HOLD`] of its records waiting for their
+//!   time (fetching on meanwhile, so a retry is handed out at its time,
+//!   not a fetch after it).
 
 use breakwater_queue::Flow;
 
 use crate::names::TopicIx;
+
+/// Most records of one tier partition held waiting for their time; past
+/// it the partition pauses until the first of them is due.
+pub(crate) const TIER_HOLD: usize = 512;
 
 /// A partition of a subscribed topic.
 pub(crate) type Tp = (TopicIx, i32);
@@ -54,7 +60,8 @@ impl Gate {
         self.flow = flow;
     }
 
-    /// Most messages this process fetches and holds under the flow.
+    /// Most messages this process fetches ahead of its claims under the
+    /// flow.
     pub(crate) fn window(&self) -> usize {
         match self.flow {
             Flow::Paused => 0,
@@ -64,13 +71,13 @@ impl Gate {
     }
 
     /// Which of `assigned` (sorted) flow, given that this process holds
-    /// `held` messages and `waiting(tp)` says a tier partition's head is not
-    /// due. Returns the flowing ones.
+    /// `held` messages and `tier_full(tp)` says a tier partition holds
+    /// [`TIER_HOLD`] records waiting. Returns the flowing ones.
     pub(crate) fn flowing(
         &mut self,
         assigned: &[Tp],
         held: usize,
-        waiting: impl Fn(Tp) -> bool,
+        tier_full: impl Fn(Tp) -> bool,
     ) -> Vec<Tp> {
         let window = self.window();
         if held >= window {
@@ -96,7 +103,7 @@ impl Gate {
         let tiers = assigned
             .iter()
             .copied()
-            .filter(|tp| tp.0.is_tier() && !waiting(*tp));
+            .filter(|tp| tp.0.is_tier() && !tier_full(*tp));
         let mut out: Vec<Tp> = from_queue.into_iter().chain(tiers).collect();
         out.sort_unstable();
         out
@@ -164,7 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tier_whose_head_is_not_due_stays_paused() {
+    fn a_tier_holding_its_fill_of_waiting_records_pauses() {
         let mut g = Gate::new(4);
         g.set_flow(Flow::Flowing { limit: 4 });
         let f = g.flowing(&assigned(), 0, |tp| tp == (TopicIx(1), 1));

@@ -681,9 +681,28 @@ impl Queue for KafkaQueue {
             counts_attempts: false,
             counts_receives: false,
             filters_keys: false,
-            push: true,
+            // Claims take from a buffer, but what the workers hold (a
+            // parked key's messages) costs no broker window: they may hold
+            // them, as on a pull backend, rather than send copies through
+            // the retry tiers.
+            push: false,
             stats: STATS,
         }
+    }
+
+    async fn start_consuming(&self, within: Duration) -> Result<(), QueueError> {
+        self.inner.ensure_pump()?;
+        let deadline = Instant::now() + within;
+        while self.inner.shared.state().offsets.is_empty() {
+            if Instant::now() >= deadline {
+                return Err(unavailable(format!(
+                    "the consumer got no partition of {} within {within:?}",
+                    self.inner.shared.names.topic
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {

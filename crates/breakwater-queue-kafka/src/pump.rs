@@ -6,7 +6,7 @@
 //!
 //! - **Fetched** records wait in [`State::buffered`] until claimed; a
 //!   retry tier's record whose time has not come waits in
-//!   [`State::waiting`] with its partition paused.
+//!   [`State::waiting`] (its partition pauses past [`TIER_HOLD`] of them).
 //! - **Flow**: after every batch of records, and whenever the breaker or
 //!   an assignment changed, the [`Gate`] says which partitions flow, and
 //!   the difference is applied.
@@ -19,6 +19,9 @@
 //!   unfinished offset of each partition ([`PartitionOffsets`]).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// A tier partition's records waiting for their time, by (due, offset).
+pub(crate) type Waiting = BTreeMap<(i64, i64), Polled>;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -29,7 +32,7 @@ use rdkafka::message::{Headers, Message as _};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{Notify, watch};
 
-use crate::gate::{Gate, Tp};
+use crate::gate::{Gate, TIER_HOLD, Tp};
 use crate::names::Names;
 use crate::offsets::PartitionOffsets;
 use crate::wire::{self, Foreign, Read};
@@ -70,8 +73,8 @@ pub(crate) struct State {
     /// (absent: unknown, applied again).
     paused_at: HashMap<Tp, bool>,
     pub(crate) buffered: VecDeque<Polled>,
-    /// A tier partition's records from its first one not due yet.
-    pub(crate) waiting: HashMap<Tp, VecDeque<Polled>>,
+    /// Tier records whose time has not come, per partition, soonest first.
+    pub(crate) waiting: HashMap<Tp, Waiting>,
     pub(crate) outstanding: HashMap<u64, Claimed>,
     pub(crate) next_claim: u64,
     /// The flow generation asked for; the pump publishes the one applied.
@@ -95,11 +98,11 @@ impl State {
         }
     }
 
-    /// Messages this process holds: fetched, waiting, claimed.
+    /// Messages fetched and not claimed: what the window bounds. Claims
+    /// are bounded by the workers (running, and held behind their key);
+    /// retries waiting for their time by [`TIER_HOLD`] per tier partition.
     fn held(&self) -> usize {
         self.buffered.len()
-            + self.outstanding.len()
-            + self.waiting.values().map(VecDeque::len).sum::<usize>()
     }
 
     /// A record from the consumer; false when it is dropped (a partition no
@@ -111,10 +114,12 @@ impl State {
         if !offsets.take(polled.offset) {
             return false;
         }
-        let tp = polled.tp;
-        let queue = self.waiting.entry(tp).or_default();
-        if tp.0.is_tier() && (!queue.is_empty() || polled.due_at_ms() > now_ms) {
-            queue.push_back(polled);
+        let due = polled.due_at_ms();
+        if polled.tp.0.is_tier() && due > now_ms {
+            self.waiting
+                .entry(polled.tp)
+                .or_default()
+                .insert((due, polled.offset), polled);
             self.dirty = true;
         } else {
             self.buffered.push_back(polled);
@@ -125,9 +130,12 @@ impl State {
     /// Moves the tier records whose time has come to the buffer.
     fn release_due(&mut self, now_ms: i64) -> bool {
         let mut moved = false;
-        for queue in self.waiting.values_mut() {
-            while queue.front().is_some_and(|p| p.due_at_ms() <= now_ms) {
-                if let Some(p) = queue.pop_front() {
+        for waiting in self.waiting.values_mut() {
+            while waiting
+                .first_key_value()
+                .is_some_and(|((due, _), _)| *due <= now_ms)
+            {
+                if let Some((_, p)) = waiting.pop_first() {
                     self.buffered.push_back(p);
                     moved = true;
                 }
@@ -184,7 +192,7 @@ impl State {
         let held = self.held();
         let waiting = &self.waiting;
         let flowing = self.gate.flowing(&assigned, held, |tp| {
-            waiting.get(&tp).is_some_and(|w| !w.is_empty())
+            waiting.get(&tp).is_some_and(|w| w.len() >= TIER_HOLD)
         });
         let (mut pause, mut resume) = (Vec::new(), Vec::new());
         for tp in assigned {

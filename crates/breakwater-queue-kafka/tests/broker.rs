@@ -352,3 +352,36 @@ async fn an_enqueue_succeeds_only_once_the_broker_acknowledged() {
     drop(q);
     drop(topic);
 }
+
+/// Dead letters produced at once leave in one batch, which a broker may
+/// count as one record in its high watermark (tansu does): every one of
+/// them is still listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_written_together_are_all_listed() {
+    let topic = Topic::new();
+    let q = topic.open(&config(1)).await;
+    for i in 0..5 {
+        q.enqueue(message(&format!("dead-{i}"), &format!("k{i}")))
+            .await
+            .expect("enqueue");
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut held = Vec::new();
+    while held.len() < 5 {
+        assert!(Instant::now() < deadline, "claimed {}", held.len());
+        held.extend(q.claim(5, LEASE).await.expect("claim"));
+    }
+    let reason = breakwater_queue::DeadLetterReason {
+        class: "permanent".into(),
+        error: "poison".into(),
+    };
+    let all = held.iter().map(|d| q.dead_letter(&d.receipt, &reason));
+    for done in futures_util::future::join_all(all).await {
+        done.expect("dead-letter");
+    }
+    let listed = q
+        .dlq_list(&breakwater_queue::DlqPage::first(100))
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 5, "{listed:?}");
+}

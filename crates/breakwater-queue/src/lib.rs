@@ -77,6 +77,16 @@ pub trait Queue: Send + Sync + 'static {
         None
     }
 
+    /// Starts consuming now rather than at the first claim (a Kafka
+    /// consumer joins its group, which takes seconds) and returns once a
+    /// claim can be served, or fails after `within`. For a process about to
+    /// run workers that wants them ready before load arrives (the lab);
+    /// the rest never call it.
+    async fn start_consuming(&self, within: Duration) -> Result<(), QueueError> {
+        let _ = within;
+        Ok(())
+    }
+
     /// Makes a message durable; returns once it is.
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError>;
 

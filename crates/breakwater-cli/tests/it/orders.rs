@@ -112,7 +112,10 @@ pub async fn poison_reaches_the_dlq_and_the_breaker_stays_closed(
         if list["items"].as_array().map_or(0, Vec::len) == 4 {
             break list;
         }
-        assert!(Instant::now() < deadline, "DLQ: {list}");
+        if Instant::now() >= deadline {
+            let stats = queue_stats(http, server).await;
+            panic!("DLQ: {list}\nqueue: {stats}");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     for item in dlq["items"].as_array().into_iter().flatten() {

@@ -220,6 +220,9 @@ async fn drain(
     let mut breaker = config.breaker.clone();
     breaker.max_concurrency = args.concurrency;
     let controller = Controller::new(breaker, args.concurrency as usize)?;
+    // The consumer ready first (a Kafka consumer takes seconds to join its
+    // group): the figure is the drain, not the start.
+    queue.start_consuming(Duration::from_secs(30)).await?;
     let started = Instant::now();
     let workers = Workers::start(
         Arc::clone(&queue),

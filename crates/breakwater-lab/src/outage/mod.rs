@@ -385,6 +385,11 @@ async fn run_mode_in(
     .context("cannot start the pipeline")?;
     let ingress = running.ingress_addr.context("no ingress")?;
     let controller = running.controller.clone().context("no workers")?;
+    // Consumers ready before the load, as in a running deployment (a Kafka
+    // consumer takes seconds to join its group).
+    if let Err(e) = running.queue.start_consuming(LAB_START_LIMIT).await {
+        tracing::warn!(error = %e, "the workers' consumer is not ready; the load starts anyway");
+    }
 
     let counters = Arc::new(DriveCounters::default());
     let spec = DriveSpec {
