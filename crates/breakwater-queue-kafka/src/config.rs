@@ -25,11 +25,11 @@ pub struct KafkaConfig {
     /// smallest tier at least as long as its delay (the longest caps it)
     /// and is handed out once its own delay has passed.
     pub delay_tiers_ms: Vec<u64>,
-    /// Messages this process may have fetched beyond the breaker's limit
-    /// while flowing (room for messages waiting behind a busy key and for
-    /// the next claim); past it every partition pauses until half of it is
-    /// taken.
-    pub prefetch_headroom: u32,
+    /// Most records this process holds fetched and not claimed yet (a
+    /// bound on its memory); past it every partition pauses until half of
+    /// them are claimed. Pausing drops what librdkafka had fetched ahead,
+    /// so a small bound costs throughput.
+    pub max_fetched: usize,
     /// Longest wait for `acks=all` on a produce, or for an answer from the
     /// broker, in milliseconds.
     pub request_timeout_ms: u64,
@@ -58,7 +58,7 @@ impl Default for KafkaConfig {
             partitions: 6,
             replication_factor: -1,
             delay_tiers_ms: vec![250, 1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000],
-            prefetch_headroom: 64,
+            max_fetched: 2_048,
             request_timeout_ms: 5_000,
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 300_000,

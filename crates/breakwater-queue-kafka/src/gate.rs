@@ -10,8 +10,9 @@
 //!   one for ever) and the retry tiers; the rest as the ramp proceeds.
 //! - Flowing: every partition.
 //! - Whatever the flow, every partition pauses while this process has its
-//!   window fetched and not claimed (the limit plus the headroom; the
-//!   probes half-open) and resumes once half of it is claimed; a tier's partition pauses while
+//!   window (`max_fetched`) fetched and not claimed, and resumes once half
+//!   of it is claimed (the claims, not the fetch, follow the breaker's
+//!   limit); a tier's partition pauses while
 //!   this process holds [`TIER_HOLD`] of its records waiting for their
 //!   time (fetching on meanwhile, so a retry is handed out at its time,
 //!   not a fetch after it).
@@ -31,7 +32,7 @@ pub(crate) type Tp = (TopicIx, i32);
 #[derive(Debug)]
 pub(crate) struct Gate {
     flow: Flow,
-    headroom: u32,
+    max_fetched: usize,
     /// Which set of partitions probes this half-open.
     probe_turn: usize,
     /// Held the whole window; resumes at half of it.
@@ -39,10 +40,10 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    pub(crate) fn new(headroom: u32) -> Self {
+    pub(crate) fn new(max_fetched: usize) -> Self {
         Self {
             flow: Flow::Flowing { limit: 0 },
-            headroom,
+            max_fetched,
             probe_turn: 0,
             full: false,
         }
@@ -63,10 +64,10 @@ impl Gate {
     /// Most messages this process fetches ahead of its claims under the
     /// flow.
     pub(crate) fn window(&self) -> usize {
-        match self.flow {
-            Flow::Paused => 0,
-            Flow::Probing { probes } => probes as usize,
-            Flow::Flowing { limit } => limit.saturating_add(self.headroom) as usize,
+        if self.flow.delivers() {
+            self.max_fetched.max(1)
+        } else {
+            0
         }
     }
 
@@ -152,8 +153,8 @@ mod tests {
 
     #[test]
     fn a_full_window_pauses_everything_until_half_of_it_is_taken() {
-        let mut g = Gate::new(4);
-        g.set_flow(Flow::Flowing { limit: 4 });
+        let mut g = Gate::new(8);
+        g.set_flow(Flow::Flowing { limit: 2 });
         assert!(
             g.flowing(&assigned(), 8, |_| false).is_empty(),
             "8 of 8 held"

@@ -182,7 +182,7 @@ impl KafkaQueue {
                 url: url.to_owned(),
                 config: config.clone(),
                 timeout,
-                shared: Arc::new(Shared::new(names, config.prefetch_headroom)),
+                shared: Arc::new(Shared::new(names, config.max_fetched)),
                 producer: std::sync::RwLock::new(producer),
                 lone,
                 partitions,

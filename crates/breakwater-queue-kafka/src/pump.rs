@@ -84,9 +84,9 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(headroom: u32) -> Self {
+    pub(crate) fn new(max_fetched: usize) -> Self {
         Self {
-            gate: Gate::new(headroom),
+            gate: Gate::new(max_fetched),
             offsets: BTreeMap::new(),
             paused_at: HashMap::new(),
             buffered: VecDeque::new(),
@@ -239,10 +239,10 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(names: Names, headroom: u32) -> Self {
+    pub(crate) fn new(names: Names, max_fetched: usize) -> Self {
         Self {
             names,
-            state: Mutex::new(State::new(headroom)),
+            state: Mutex::new(State::new(max_fetched)),
             arrived: Notify::new(),
             applied: watch::channel(0).0,
             fetched: AtomicU64::new(0),
