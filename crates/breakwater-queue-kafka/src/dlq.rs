@@ -36,20 +36,8 @@ pub(crate) struct Record {
 
 impl Record {
     pub(crate) fn to_dead_letter(&self, id: &str, with_body: bool) -> DeadLetter {
-        let m = &self.meta;
-        DeadLetter {
-            id: id.to_owned(),
-            source: m.source.clone(),
-            event_id: m.event_id.clone(),
-            entity_key: m.entity_key.clone(),
-            attempts: m.attempts,
-            replays: m.replays,
-            class: m.class.clone().unwrap_or_default(),
-            error: m.error.clone().unwrap_or_default(),
-            received_at_ms: m.received_at_ms,
-            dead_at_ms: m.dead_at_ms.unwrap_or_default(),
-            body: with_body.then(|| String::from_utf8_lossy(&self.body).into_owned()),
-        }
+        let body = with_body.then(|| String::from_utf8_lossy(&self.body).into_owned());
+        self.meta.dead_letter(id.to_owned(), body)
     }
 }
 

@@ -119,10 +119,34 @@ impl std::fmt::Debug for KafkaQueue {
     }
 }
 
+/// Longest a dropped queue waits for its consumer to commit and leave its
+/// group.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 impl Drop for KafkaQueue {
     fn drop(&mut self) {
-        // The pump commits what is finished and leaves the group.
+        // The pump commits what is finished and leaves the group. Wait for
+        // it (a while at most): whoever dropped the queue may delete its
+        // topics next, and librdkafka can crash when a topic goes away
+        // under a consumer that is still closing (seen with tansu).
         self.inner.shared.stop();
+        let pump = self
+            .inner
+            .pump
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(pump) = pump {
+            let deadline = Instant::now() + CLOSE_WAIT;
+            while !pump.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if pump.is_finished() {
+                let _ = pump.join();
+            } else {
+                tracing::warn!("kafka: the consumer did not close within {CLOSE_WAIT:?}");
+            }
+        }
     }
 }
 
@@ -705,19 +729,8 @@ impl Queue for KafkaQueue {
         Ok(())
     }
 
-    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
-        let meta = Meta {
-            source: message.source,
-            event_id: message.event_id,
-            entity_key: message.entity_key,
-            headers: message.headers,
-            received_at_ms: message.received_at_ms,
-            replays: 0,
-            attempts: 0,
-            class: None,
-            error: None,
-            dead_at_ms: None,
-        };
+    async fn enqueue(&self, mut message: NewMessage) -> Result<Enqueued, QueueError> {
+        let meta = Meta::of(&mut message);
         let topic = &self.inner.shared.names.topic;
         let d = self
             .inner

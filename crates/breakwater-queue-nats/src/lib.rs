@@ -419,19 +419,7 @@ impl NatsQueue {
             }
         };
         let (meta, body) = decode(&raw.payload).map_err(|e| QueueError::Storage(e.to_string()))?;
-        let dl = DeadLetter {
-            id: seq.to_string(),
-            source: meta.source.clone(),
-            event_id: meta.event_id.clone(),
-            entity_key: meta.entity_key.clone(),
-            attempts: meta.attempts,
-            replays: meta.replays,
-            class: meta.class.clone().unwrap_or_default(),
-            error: meta.error.clone().unwrap_or_default(),
-            received_at_ms: meta.received_at_ms,
-            dead_at_ms: meta.dead_at_ms.unwrap_or_default(),
-            body: None,
-        };
+        let dl = meta.dead_letter(seq.to_string(), None);
         Ok(Some((dl, meta, body)))
     }
 
@@ -469,20 +457,9 @@ impl Queue for NatsQueue {
         }
     }
 
-    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
+    async fn enqueue(&self, mut message: NewMessage) -> Result<Enqueued, QueueError> {
         let id = msg_id(&message.source, &message.event_id);
-        let meta = Meta {
-            source: message.source,
-            event_id: message.event_id,
-            entity_key: message.entity_key,
-            headers: message.headers,
-            received_at_ms: message.received_at_ms,
-            replays: 0,
-            attempts: 0,
-            class: None,
-            error: None,
-            dead_at_ms: None,
-        };
+        let meta = Meta::of(&mut message);
         let publish = Publish::build()
             .payload(encode(&meta, &message.body))
             .message_id(id);

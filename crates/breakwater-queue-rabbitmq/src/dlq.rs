@@ -39,19 +39,7 @@ impl Entry {
     fn record(&self, with_body: bool) -> DeadLetter {
         let body = with_body.then(|| String::from_utf8_lossy(&self.body).into_owned());
         match &self.meta {
-            Some(m) => DeadLetter {
-                id: self.id.clone(),
-                source: m.source.clone(),
-                event_id: m.event_id.clone(),
-                entity_key: m.entity_key.clone(),
-                attempts: m.attempts,
-                replays: m.replays,
-                class: m.class.clone().unwrap_or_default(),
-                error: m.error.clone().unwrap_or_default(),
-                received_at_ms: m.received_at_ms,
-                dead_at_ms: m.dead_at_ms.unwrap_or_default(),
-                body,
-            },
+            Some(m) => m.dead_letter(self.id.clone(), body),
             None => DeadLetter {
                 id: self.id.clone(),
                 source: String::new(),

@@ -652,19 +652,8 @@ impl Queue for RabbitMqQueue {
         }
     }
 
-    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
-        let meta = Meta {
-            source: message.source,
-            event_id: message.event_id,
-            entity_key: message.entity_key,
-            headers: message.headers,
-            received_at_ms: message.received_at_ms,
-            replays: 0,
-            attempts: 0,
-            class: None,
-            error: None,
-            dead_at_ms: None,
-        };
+    async fn enqueue(&self, mut message: NewMessage) -> Result<Enqueued, QueueError> {
+        let meta = Meta::of(&mut message);
         let id = new_id();
         self.inner
             .publish(

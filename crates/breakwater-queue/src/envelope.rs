@@ -10,6 +10,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use crate::{DeadLetter, NewMessage};
+
 /// What travels beside the body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
@@ -34,6 +36,43 @@ pub struct Meta {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_at_ms: Option<i64>,
+}
+
+impl Meta {
+    /// The metadata of a webhook as the ingress hands it over (no
+    /// attempts, replays or reason yet); the body stays in `message`.
+    pub fn of(message: &mut NewMessage) -> Self {
+        Self {
+            source: std::mem::take(&mut message.source),
+            event_id: std::mem::take(&mut message.event_id),
+            entity_key: message.entity_key.take(),
+            headers: std::mem::take(&mut message.headers),
+            received_at_ms: message.received_at_ms,
+            replays: 0,
+            attempts: 0,
+            class: None,
+            error: None,
+            dead_at_ms: None,
+        }
+    }
+
+    /// The dead letter `id` this metadata describes, with `body` (for `dlq
+    /// show`).
+    pub fn dead_letter(&self, id: String, body: Option<String>) -> DeadLetter {
+        DeadLetter {
+            id,
+            source: self.source.clone(),
+            event_id: self.event_id.clone(),
+            entity_key: self.entity_key.clone(),
+            attempts: self.attempts,
+            replays: self.replays,
+            class: self.class.clone().unwrap_or_default(),
+            error: self.error.clone().unwrap_or_default(),
+            received_at_ms: self.received_at_ms,
+            dead_at_ms: self.dead_at_ms.unwrap_or_default(),
+            body,
+        }
+    }
 }
 
 /// A payload that is not an envelope.

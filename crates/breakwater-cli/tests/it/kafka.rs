@@ -14,7 +14,7 @@ use http::StatusCode;
 use crate::orders::{
     BrokerQueue, a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage,
     inbox_rows, never_applied, orders_db, poison_reaches_the_dlq_and_the_breaker_stays_closed,
-    reset, send, trip, wait_for_applied,
+    send, while_open_nothing_is_delivered,
 };
 use crate::utils::*;
 use crate::worker::sink_config;
@@ -59,19 +59,7 @@ async fn while_the_breaker_is_open_kafka_delivers_nothing() {
     let sandbox = Sandbox::with_queue(&queue_toml(&queue, &kafka_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    trip(&http, &server).await;
-    for i in 0..12 {
-        let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let stats = queue_stats(&http, &server).await;
-        assert_eq!(stats["in_flight"], 0, "delivered while open: {stats}");
-    }
-    let stats = queue_stats(&http, &server).await;
-    assert_eq!(stats["visible"], 12, "arrivals wait, as lag: {stats}");
-    assert_eq!(applied(&db).await, 0);
-    reset(&http, &server).await;
-    wait_for_applied(&db, 12, Duration::from_secs(30)).await;
+    while_open_nothing_is_delivered(&http, &server, &db).await;
 }
 
 /// Poison on Kafka: each bad message reaches the dead-letter topic with

@@ -229,6 +229,25 @@ pub async fn a_redelivery_queued_again_is_applied_once(
     assert_eq!(applied(db).await, 30, "the duplicate had an effect");
 }
 
+/// Trips the breaker, then sends 12 orders 250 ms apart: none is handed
+/// to a worker (nothing in flight, as the broker counts it, every time),
+/// all wait visible, none is applied. Reset, all 12 are applied.
+pub async fn while_open_nothing_is_delivered(http: &Http, server: &Server, db: &ScratchDb) {
+    trip(http, server).await;
+    for i in 0..12 {
+        let a = send(http, server, &format!("evt_open_{i}"), 1 + i % 50).await;
+        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let stats = queue_stats(http, server).await;
+        assert_eq!(stats["in_flight"], 0, "delivered while open: {stats}");
+    }
+    let stats = queue_stats(http, server).await;
+    assert_eq!(stats["visible"], 12, "arrivals wait, visible: {stats}");
+    assert_eq!(applied(db).await, 0);
+    reset(http, server).await;
+    wait_for_applied(db, 12, Duration::from_secs(30)).await;
+}
+
 /// A queue name of a test's own on a broker, its queues removed on drop
 /// (by `remove`, given the name).
 pub struct BrokerQueue {

@@ -5,16 +5,14 @@
 //! cuts every connection at a fault proxy between Breakwater and it.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use breakwater_faultproxy::{Fault, FaultProxy};
 use breakwater_queue_sqs::{Endpoint, SqsQueue};
-use http::StatusCode;
 
 use crate::orders::{
-    BrokerQueue, a_redelivery_queued_again_is_applied_once, applied, burst_through_a_broker_outage,
-    orders_db, poison_reaches_the_dlq_and_the_breaker_stays_closed, reset, send, trip,
-    wait_for_applied,
+    BrokerQueue, a_redelivery_queued_again_is_applied_once, burst_through_a_broker_outage,
+    orders_db, poison_reaches_the_dlq_and_the_breaker_stays_closed,
+    while_open_nothing_is_delivered,
 };
 use crate::utils::*;
 use crate::worker::sink_config;
@@ -50,19 +48,7 @@ async fn while_the_breaker_is_open_nothing_is_received_from_sqs() {
     let sandbox = Sandbox::with_queue(&queue.toml(&sqs_url()), &sink_config(&db, ""));
     let server = sandbox.start();
     let http = Http::default();
-    trip(&http, &server).await;
-    for i in 0..12 {
-        let a = send(&http, &server, &format!("evt_open_{i}"), 1 + i % 50).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let stats = queue_stats(&http, &server).await;
-        assert_eq!(stats["in_flight"], 0, "received while open: {stats}");
-    }
-    let stats = queue_stats(&http, &server).await;
-    assert_eq!(stats["visible"], 12, "arrivals wait, visible: {stats}");
-    assert_eq!(applied(&db).await, 0);
-    reset(&http, &server).await;
-    wait_for_applied(&db, 12, Duration::from_secs(30)).await;
+    while_open_nothing_is_delivered(&http, &server, &db).await;
 }
 
 /// Every connection to the endpoint cut in the middle of a burst, and new
