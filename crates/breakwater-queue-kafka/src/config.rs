@@ -26,9 +26,11 @@ pub struct KafkaConfig {
     /// and is handed out once its own delay has passed.
     pub delay_tiers_ms: Vec<u64>,
     /// Most records this process holds fetched and not claimed yet (a
-    /// bound on its memory); past it every partition pauses until half of
-    /// them are claimed. Pausing drops what librdkafka had fetched ahead,
-    /// so a small bound costs throughput.
+    /// bound on its memory: about 20 MB at the default with 1 KiB
+    /// bodies); past it every partition pauses until half of them are
+    /// claimed. A pause drops what librdkafka had fetched ahead, so a small
+    /// bound costs throughput (`bench drain`: 2,191/s at 2,048, 4,198/s at
+    /// 16,384).
     pub max_fetched: usize,
     /// Longest wait for `acks=all` on a produce, or for an answer from the
     /// broker, in milliseconds.
@@ -58,7 +60,7 @@ impl Default for KafkaConfig {
             partitions: 6,
             replication_factor: -1,
             delay_tiers_ms: vec![250, 1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000],
-            max_fetched: 2_048,
+            max_fetched: 16_384,
             request_timeout_ms: 5_000,
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 300_000,
