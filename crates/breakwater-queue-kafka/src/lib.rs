@@ -402,6 +402,8 @@ impl Inner {
             .ok_or_else(|| lease_lost(token))?;
         st.finish(token.tp, token.offset);
         st.dirty = true;
+        drop(st);
+        self.shared.settled.notify_waiters();
         Ok(())
     }
 
@@ -755,6 +757,7 @@ impl Queue for KafkaQueue {
         let deadline = tokio::time::Instant::now() + CLAIM_WAIT;
         loop {
             let arrived = self.inner.shared.arrived.notified();
+            let settled = self.inner.shared.settled.notified();
             let (got, foreign) = self.inner.take(max, lease);
             for p in foreign {
                 if let Err(why) = &p.read {
@@ -765,7 +768,15 @@ impl Queue for KafkaQueue {
             if !got.is_empty() || tokio::time::Instant::now() >= deadline {
                 return Ok(got);
             }
-            let _ = tokio::time::timeout_at(deadline, arrived).await;
+            // Wait for a record, or for a claim of this process to be
+            // settled: the caller may then start what waited behind it (a
+            // hot key's next message starts when the one before is done,
+            // not a claim's wait later).
+            tokio::select! {
+                _ = arrived => {}
+                _ = settled => return Ok(got),
+                _ = tokio::time::sleep_until(deadline) => return Ok(got),
+            }
         }
     }
 
@@ -823,6 +834,7 @@ impl Queue for KafkaQueue {
         st.dirty = true;
         drop(st);
         self.inner.shared.arrived.notify_waiters();
+        self.inner.shared.settled.notify_waiters();
         Ok(())
     }
 

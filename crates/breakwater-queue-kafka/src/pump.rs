@@ -231,6 +231,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     /// A record came into the buffer.
     pub(crate) arrived: Notify,
+    /// A claim of this process was settled.
+    pub(crate) settled: Notify,
     /// The flow generation the consumer's partitions follow.
     pub(crate) applied: watch::Sender<u64>,
     /// Records taken from the broker since the queue was opened.
@@ -244,6 +246,7 @@ impl Shared {
             names,
             state: Mutex::new(State::new(max_fetched)),
             arrived: Notify::new(),
+            settled: Notify::new(),
             applied: watch::channel(0).0,
             fetched: AtomicU64::new(0),
             stop: AtomicBool::new(false),
