@@ -413,7 +413,7 @@ impl Inner {
         if requeue {
             let held: Vec<_> = self.buffered().drain(..).collect();
             for d in held {
-                let _ = d.acker.nack(REQUEUE).await;
+                let _ = self.bounded(d.acker.nack(REQUEUE)).await;
             }
         }
     }
@@ -431,7 +431,7 @@ impl Inner {
             ids.iter().filter_map(|id| out.remove(id)).collect()
         };
         for held in lapsed {
-            let _ = held.acker.nack(REQUEUE).await;
+            let _ = self.bounded(held.acker.nack(REQUEUE)).await;
         }
     }
 
@@ -459,8 +459,8 @@ impl Inner {
                 };
                 // Settled best effort: an unsettled delivery comes back.
                 let _ = match self.publish_dead(&meta, &payload).await {
-                    Ok(()) => d.acker.ack(BasicAckOptions::default()).await,
-                    Err(_) => d.acker.nack(REQUEUE).await,
+                    Ok(()) => self.bounded(d.acker.ack(BasicAckOptions::default())).await,
+                    Err(_) => self.bounded(d.acker.nack(REQUEUE)).await,
                 };
                 return None;
             }
@@ -539,10 +539,10 @@ impl Inner {
             .await;
         if let Err(e) = published {
             // Not delayed: hand it back now rather than hold it.
-            let _ = acker.nack(REQUEUE).await;
+            let _ = self.bounded(acker.nack(REQUEUE)).await;
             return Err(e);
         }
-        let acked = acker.ack(BasicAckOptions::default()).await;
+        let acked = self.bounded(acker.ack(BasicAckOptions::default())).await;
         self.settled(acked, &token.id)
     }
 
@@ -622,12 +622,29 @@ const REQUEUE: BasicNackOptions = BasicNackOptions {
 impl Inner {
     /// What settling a delivery of message `id` came to: `false` from lapin
     /// means its channel is gone, and the broker requeued the message.
-    fn settled(&self, done: lapin::Result<bool>, id: &str) -> Result<(), QueueError> {
+    fn settled(
+        &self,
+        done: Result<lapin::Result<bool>, tokio::time::error::Elapsed>,
+        id: &str,
+    ) -> Result<(), QueueError> {
         match done {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(QueueError::LeaseLost { id: id.to_owned() }),
-            Err(e) => Err(self.failed(e)),
+            Ok(Ok(true)) => Ok(()),
+            Ok(Ok(false)) => Err(QueueError::LeaseLost { id: id.to_owned() }),
+            Ok(Err(e)) => Err(self.failed(e)),
+            Err(_) => Err(self.failed(format!(
+                "no answer to the settle of {id} within {:?}",
+                self.timeout
+            ))),
         }
+    }
+
+    /// An ack or a nack, bounded by the request timeout: on a connection
+    /// going down lapin may never answer one.
+    async fn bounded<F: std::future::Future<Output = lapin::Result<bool>>>(
+        &self,
+        op: F,
+    ) -> Result<lapin::Result<bool>, tokio::time::error::Elapsed> {
+        tokio::time::timeout(self.timeout, op).await
     }
 }
 
@@ -704,7 +721,10 @@ impl Queue for RabbitMqQueue {
     async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError> {
         let token = token(receipt)?;
         let acker = self.inner.settle(token)?;
-        let acked = acker.ack(BasicAckOptions::default()).await;
+        let acked = self
+            .inner
+            .bounded(acker.ack(BasicAckOptions::default()))
+            .await;
         self.inner.settled(acked, &token.id)
     }
 
@@ -744,7 +764,7 @@ impl Queue for RabbitMqQueue {
         let token = token(receipt)?;
         let acker = self.inner.settle(token)?;
         if delay.is_zero() {
-            let nacked = acker.nack(REQUEUE).await;
+            let nacked = self.inner.bounded(acker.nack(REQUEUE)).await;
             return self.inner.settled(nacked, &token.id);
         }
         let counts = Counts {
@@ -771,10 +791,13 @@ impl Queue for RabbitMqQueue {
         // In the DLQ before it leaves the queue: a crash between the two
         // leaves a copy in each, never in neither.
         if let Err(e) = self.inner.publish_dead(&meta, &token.body).await {
-            let _ = acker.nack(REQUEUE).await;
+            let _ = self.inner.bounded(acker.nack(REQUEUE)).await;
             return Err(e);
         }
-        let acked = acker.ack(BasicAckOptions::default()).await;
+        let acked = self
+            .inner
+            .bounded(acker.ack(BasicAckOptions::default()))
+            .await;
         self.inner.settled(acked, &token.id)
     }
 
