@@ -492,24 +492,18 @@ impl Inner {
             return (Vec::new(), Vec::new());
         }
         let now = Instant::now();
-        let mut lapsed: Vec<(u64, Claimed)> = Vec::new();
-        st.outstanding.retain(|claim, c| {
-            if c.deadline <= now {
-                lapsed.push((
-                    *claim,
-                    Claimed {
-                        polled: c.polled.clone(),
-                        deadline: c.deadline,
-                    },
-                ));
-                false
-            } else {
-                true
+        // Lapsed leases go back to the front, oldest claim first.
+        let mut lapsed: Vec<u64> = st
+            .outstanding
+            .iter()
+            .filter(|(_, c)| c.deadline <= now)
+            .map(|(claim, _)| *claim)
+            .collect();
+        lapsed.sort_unstable_by(|a, b| b.cmp(a));
+        for claim in lapsed {
+            if let Some(c) = st.outstanding.remove(&claim) {
+                st.buffered.push_front(c.polled);
             }
-        });
-        lapsed.sort_by_key(|(claim, _)| std::cmp::Reverse(*claim));
-        for (_, c) in lapsed {
-            st.buffered.push_front(c.polled);
         }
         let room = match flow {
             Flow::Probing { probes } => (probes as usize).saturating_sub(st.outstanding.len()),
@@ -998,8 +992,7 @@ impl KafkaQueue {
             .dlq_count
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some((at, n)) = cached.filter(|(at, _)| at.elapsed() < DLQ_COUNT_TTL) {
-            let _ = at;
+        if let Some((_, n)) = cached.filter(|(at, _)| at.elapsed() < DLQ_COUNT_TTL) {
             return Ok(n);
         }
         let n = self.inner.scan_dlq().await?.len() as u64;

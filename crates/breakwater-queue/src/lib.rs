@@ -26,8 +26,8 @@
 //!   API work on every backend: [`Queue::dlq_list`], [`Queue::dlq_show`],
 //!   [`Queue::dlq_replay`] (paced by [`replay_at_rate`]), [`Queue::dlq_purge`].
 //! - **Capabilities** a backend declares ([`Capabilities`]), and stats whose
-//!   every field is optional ([`QueueStats`]): Kafka has lag, not visible
-//!   and in-flight counts.
+//!   every field is optional ([`QueueStats`]): a broker tells some counts
+//!   and not others (Kafka: lag, read as visible).
 //! - **Building**: each backend implements [`Backend`] and builds itself
 //!   from the `[queue]` table ([`QueueSection`]): `backend`, `url`, `name`
 //!   and `lease_ms` are the keys every backend reads, the rest are its own.

@@ -3,8 +3,10 @@
 use serde::{Deserialize, Serialize};
 
 /// Counts of a queue, for `queue stats`, the breaker's signals and metrics.
-/// A field the backend cannot tell (Kafka has lag, not visible and in-flight
-/// counts) is `None`, and the signals that need it stay quiet.
+/// A field the backend cannot tell (no broker but the embedded queue
+/// counts acknowledgements; Kafka reports lag as visible and only this
+/// process's claims as in flight) is `None`, and the signals that need it
+/// stay quiet.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueStats {
     /// Ready to be claimed now.
