@@ -89,13 +89,14 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use crate::config::{BreakerConfig, ConfigError};
+use crate::coordination::SharedBreaker;
 use crate::gate::{GateSnapshot, SharedGate};
 use crate::probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};
 use crate::ramp;
 use crate::reason::{Reason, State, Transition};
 use crate::signals::db_locks::DbLockSignal;
 use crate::signals::heartbeats::{Heartbeat, LockWaitSignal};
-use crate::signals::outcomes::{Evidence, Outcome, OutcomeClass, OutcomeSignals};
+use crate::signals::outcomes::{Evidence, Outcome, OutcomeClass, OutcomeSignals, OutcomeTally};
 use crate::signals::queue::{QueueSample, QueueSignals};
 use crate::signals::{Reading, SignalKind};
 use crate::status::{
@@ -367,6 +368,129 @@ impl<A: ProbeAdmission> Breaker<A> {
     /// Records the database's count of sessions waiting on a lock.
     pub fn observe_db_lock_waiters(&mut self, count: u32, now: Instant) {
         self.db_locks.observe(count, now);
+    }
+
+    /// Records outcomes other nodes of a fleet counted (this node's
+    /// controller reads them from the fleet store), as of `now`.
+    pub fn record_fleet_outcomes(&mut self, tally: &OutcomeTally, now: Instant) {
+        let now_ms = self.ms(now);
+        self.outcomes.record_tally(tally, now_ms);
+    }
+
+    /// The slow-call threshold, for counting outcomes into an
+    /// [`OutcomeTally`].
+    pub fn slow_after(&self) -> Duration {
+        self.outcomes.slow_after()
+    }
+
+    /// The fleet counted `successes` probe successes in half-open `period`
+    /// (its store counts them across nodes, so three nodes with one success
+    /// each reach three): starts the ramp once they reach
+    /// `successes_to_close`, like this node's own M-th success would.
+    pub fn fleet_probes_succeeded(
+        &mut self,
+        period: u64,
+        successes: u32,
+        now: Instant,
+    ) -> Option<Transition> {
+        if self.state != State::HalfOpen || self.manual.is_some() || period != self.period {
+            return None;
+        }
+        self.successes = self.successes.max(successes);
+        self.ramp_if_enough_successes(now)
+    }
+
+    // ---- fleet --------------------------------------------------------
+
+    /// The state as a fleet shares it: what another node's breaker needs to
+    /// take it with [`Breaker::adopt`].
+    pub fn shared_view(&self, now: Instant) -> SharedBreaker {
+        SharedBreaker {
+            state: self.state,
+            reason: self
+                .history
+                .back()
+                .map_or(Reason::OverrideCleared, |t| t.reason.clone()),
+            limit: self.limit(),
+            in_state_ms: millis(now.saturating_duration_since(self.since)),
+            period: self.period,
+            ramp_step: u32::try_from(self.ramp_step).unwrap_or(u32::MAX),
+            cool_down_ms: millis(self.cool_down),
+            opens_since_close: self.opens_since_close,
+            manual: self.manual.as_ref().map(|m| OverrideStatus {
+                kind: m.kind,
+                note: m.note.clone(),
+                remaining_ms: m.until.map(|u| millis(u.saturating_duration_since(now))),
+            }),
+        }
+    }
+
+    /// Takes the state another node of the fleet decided (read from the
+    /// shared record, aged to `now`), with the entry actions of that state
+    /// (a new half-open period starts with no probes out and empty outcome
+    /// windows, as the ramp does). Returns the transition when the state,
+    /// period or ramp step changed, `None` when it was already there.
+    /// Signals and their windows stay this node's own.
+    pub fn adopt(&mut self, v: &SharedBreaker, now: Instant) -> Option<Transition> {
+        let from = self.state;
+        let step = usize::try_from(v.ramp_step).unwrap_or(usize::MAX);
+        let same = from == v.state
+            && self.period == v.period
+            && (v.state != State::Ramping || self.ramp_step == step)
+            && self.manual.as_ref().map(|m| m.kind) == v.manual.as_ref().map(|m| m.kind);
+        if v.state == State::HalfOpen && (from != State::HalfOpen || self.period != v.period) {
+            self.admission.begin_period(v.period, now);
+            self.successes = 0;
+            self.clear_evidence(now);
+        }
+        if v.state == State::Ramping && from != State::Ramping {
+            self.clear_evidence(now);
+        }
+        self.period = v.period;
+        self.ramp_step = step;
+        self.cool_down = Duration::from_millis(v.cool_down_ms);
+        self.opens_since_close = v.opens_since_close;
+        self.manual = v.manual.as_ref().map(|m| Override {
+            kind: m.kind,
+            note: m.note.clone(),
+            until: m
+                .remaining_ms
+                .and_then(|r| now.checked_add(Duration::from_millis(r))),
+        });
+        self.state = v.state;
+        self.since = now
+            .checked_sub(Duration::from_millis(v.in_state_ms))
+            .unwrap_or(now);
+        if same {
+            self.publish();
+            return None;
+        }
+        let t = Transition {
+            from,
+            to: v.state,
+            reason: v.reason.clone(),
+            at: now,
+            limit: self.limit(),
+            dry_run: !self.enforcing(),
+        };
+        self.remember(t.clone());
+        self.publish();
+        Some(t)
+    }
+
+    /// Empties the outcome and DLQ windows: what came before is evidence
+    /// about a past the new state left behind.
+    fn clear_evidence(&mut self, now: Instant) {
+        self.outcomes.clear();
+        self.evidence_since = Some(now);
+        self.queue.clear_dlq();
+    }
+
+    fn remember(&mut self, t: Transition) {
+        if self.history.len() >= self.cfg.history_len {
+            self.history.pop_front();
+        }
+        self.history.push_back(t);
     }
 
     // ---- the tick -----------------------------------------------------
@@ -694,19 +818,25 @@ impl<A: ProbeAdmission> Breaker<A> {
         match class {
             OutcomeClass::Success => {
                 self.successes = self.successes.saturating_add(1);
-                (self.successes >= self.cfg.half_open.successes_to_close).then(|| {
-                    let successes = self.successes;
-                    let reason = Reason::ProbesSucceeded { successes };
-                    if self.cfg.ramp.steps.is_empty() {
-                        self.go(State::Closed, reason, now)
-                    } else {
-                        self.go(State::Ramping, reason, now)
-                    }
-                })
+                self.ramp_if_enough_successes(now)
             }
             OutcomeClass::Dependency => Some(self.go(State::Open, Reason::ProbeFailed, now)),
             OutcomeClass::Permanent | OutcomeClass::KeyContention => None,
         }
+    }
+
+    /// Half-open with `successes_to_close` successes: the ramp (or closed,
+    /// with no ramp steps).
+    fn ramp_if_enough_successes(&mut self, now: Instant) -> Option<Transition> {
+        (self.successes >= self.cfg.half_open.successes_to_close).then(|| {
+            let successes = self.successes;
+            let reason = Reason::ProbesSucceeded { successes };
+            if self.cfg.ramp.steps.is_empty() {
+                self.go(State::Closed, reason, now)
+            } else {
+                self.go(State::Ramping, reason, now)
+            }
+        })
     }
 
     /// Performs a transition: entry actions, history, gate.
@@ -724,18 +854,14 @@ impl<A: ProbeAdmission> Breaker<A> {
                 self.period = self.period.wrapping_add(1);
                 self.admission.begin_period(self.period, now);
                 self.successes = 0;
-                self.outcomes.clear();
-                self.evidence_since = Some(now);
-                self.queue.clear_dlq();
+                self.clear_evidence(now);
             }
             State::Ramping => {
                 if from == State::Ramping {
                     self.ramp_step = self.ramp_step.saturating_add(1);
                 } else {
                     self.ramp_step = 0;
-                    self.outcomes.clear();
-                    self.evidence_since = Some(now);
-                    self.queue.clear_dlq();
+                    self.clear_evidence(now);
                 }
             }
             State::Closed => self.opens_since_close = 0,
@@ -750,10 +876,7 @@ impl<A: ProbeAdmission> Breaker<A> {
             limit: self.limit(),
             dry_run: !self.enforcing(),
         };
-        if self.history.len() >= self.cfg.history_len {
-            self.history.pop_front();
-        }
-        self.history.push_back(t.clone());
+        self.remember(t.clone());
         self.publish();
         t
     }

@@ -22,19 +22,64 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::reason::Reason;
+use crate::status::OverrideStatus;
 use crate::State;
 
-/// The breaker's record as the fleet shares it.
+/// The breaker's state as a fleet shares it: enough for another node's
+/// breaker to take the same state ([`crate::Breaker::adopt`]). Times are
+/// durations as of the moment the view was taken; a store carries them
+/// with the wall-clock time it was written and ages them on reading.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct SharedBreaker {
+    pub state: State,
+    /// Why it is in that state (the last transition's reason).
+    pub reason: Reason,
+    /// The concurrency limit the state allows each node's pool.
+    pub limit: u32,
+    /// How long it has been in that state.
+    pub in_state_ms: u64,
+    /// The half-open period (probe slots are counted per period).
+    pub period: u64,
+    /// The ramp step (index into `ramp.steps`).
+    pub ramp_step: u32,
+    /// The cool-down of the current opening.
+    pub cool_down_ms: u64,
+    /// Openings since the breaker was last fully closed (grows the
+    /// cool-down).
+    pub opens_since_close: u32,
+    /// The manual override in force, if any.
+    pub manual: Option<OverrideStatus>,
+}
+
+/// The breaker's record as the fleet stores it.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerRecord {
-    pub state: State,
-    /// Why it is in that state, in words.
-    pub reason: String,
-    /// The concurrency limit of the whole pool.
-    pub limit: u32,
     /// Bumped by every change; compare-and-set keys on it.
     pub generation: u64,
+    /// The node that wrote it.
+    pub node: String,
+    /// Wall-clock milliseconds (Unix) when it was written.
+    pub written_at_ms: u64,
+    /// The state.
+    pub breaker: SharedBreaker,
+}
+
+impl BreakerRecord {
+    /// The view aged to `now_ms` (Unix milliseconds): time in state grows,
+    /// an override's time left shrinks. A writer's clock ahead of the
+    /// reader's ages nothing.
+    pub fn aged(&self, now_ms: u64) -> SharedBreaker {
+        let age = now_ms.saturating_sub(self.written_at_ms);
+        let mut v = self.breaker.clone();
+        v.in_state_ms = v.in_state_ms.saturating_add(age);
+        if let Some(m) = &mut v.manual {
+            m.remaining_ms = m.remaining_ms.map(|r| r.saturating_sub(age));
+        }
+        v
+    }
 }
 
 /// Why a coordination store could not answer.
@@ -85,6 +130,11 @@ pub trait ProbeSlots: Send + Sync {
 
     /// Frees a slot (its probe answered, or was never sent).
     async fn give_back(&self, slot: ProbeSlot) -> Result<(), CoordinationError>;
+
+    /// Frees a slot whose probe succeeded and counts the success in its
+    /// period; returns the period's successes so far, fleet-wide (the
+    /// caller whose success reaches `successes_to_close` starts the ramp).
+    async fn succeeded(&self, slot: ProbeSlot) -> Result<u32, CoordinationError>;
 }
 
 /// The breaker's record in memory: the store of a single node.
@@ -128,6 +178,8 @@ struct LocalSlots {
     next_id: u64,
     /// Slot id -> (period, expiry).
     held: HashMap<u64, (u64, Instant)>,
+    /// Successes of the latest period: (period, count).
+    successes: (u64, u32),
 }
 
 #[async_trait]
@@ -159,6 +211,16 @@ impl ProbeSlots for LocalProbeSlots {
             .remove(&slot.id);
         Ok(())
     }
+
+    async fn succeeded(&self, slot: ProbeSlot) -> Result<u32, CoordinationError> {
+        let mut s = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        s.held.remove(&slot.id);
+        if s.successes.0 != slot.period {
+            s.successes = (slot.period, 0);
+        }
+        s.successes.1 = s.successes.1.saturating_add(1);
+        Ok(s.successes.1)
+    }
 }
 
 #[cfg(test)]
@@ -178,11 +240,47 @@ mod tests {
 
     fn record(generation: u64, state: State) -> BreakerRecord {
         BreakerRecord {
-            state,
-            reason: "test".into(),
-            limit: 4,
             generation,
+            node: "a".into(),
+            written_at_ms: 1_000,
+            breaker: SharedBreaker {
+                state,
+                reason: Reason::OverrideCleared,
+                limit: 4,
+                in_state_ms: 500,
+                period: 0,
+                ramp_step: 0,
+                cool_down_ms: 0,
+                opens_since_close: 0,
+                manual: Some(OverrideStatus {
+                    kind: crate::OverrideKind::Open,
+                    note: "test".into(),
+                    remaining_ms: Some(2_000),
+                }),
+            },
         }
+    }
+
+    #[test]
+    fn a_record_read_later_has_aged() {
+        let v = record(1, State::Open).aged(1_300);
+        assert_eq!(v.in_state_ms, 800);
+        assert_eq!(v.manual.and_then(|m| m.remaining_ms), Some(1_700));
+        // A writer whose clock runs ahead ages nothing.
+        assert_eq!(record(1, State::Open).aged(900).in_state_ms, 500);
+    }
+
+    #[test]
+    fn successes_are_counted_per_period() {
+        let slots = LocalProbeSlots::default();
+        let t = Instant::now();
+        let ttl = Duration::from_secs(5);
+        let a = now(slots.try_take(1, 3, ttl, t)).expect("ok").expect("a");
+        let b = now(slots.try_take(1, 3, ttl, t)).expect("ok").expect("b");
+        assert_eq!(now(slots.succeeded(a)), Ok(1));
+        assert_eq!(now(slots.succeeded(b)), Ok(2));
+        let c = now(slots.try_take(2, 3, ttl, t)).expect("ok").expect("c");
+        assert_eq!(now(slots.succeeded(c)), Ok(1), "a new period counts anew");
     }
 
     #[test]

@@ -77,14 +77,14 @@ pub use config::{
 pub use contention::KeyContention;
 pub use coordination::{
     BreakerRecord, BreakerStore, CoordinationError, LocalBreakerStore, LocalProbeSlots, ProbeSlot,
-    ProbeSlots,
+    ProbeSlots, SharedBreaker,
 };
 pub use gate::{GateSnapshot, SharedGate};
 pub use probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};
 pub use reason::{Reason, State, Transition};
 pub use signals::SignalKind;
 pub use signals::heartbeats::{Heartbeat, MAX_WORKERS, WorkerState};
-pub use signals::outcomes::{Outcome, OutcomeClass};
+pub use signals::outcomes::{Outcome, OutcomeClass, OutcomeTally};
 pub use signals::queue::QueueSample;
 pub use status::{
     BreakerStatus, CoolDownStatus, HalfOpenStatus, OverrideKind, OverrideStatus, RampStatus,

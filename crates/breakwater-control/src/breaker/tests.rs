@@ -892,3 +892,97 @@ fn status_is_serializable() {
     assert_serialize(&h.b.status(h.now));
     assert_serialize(h.b.config());
 }
+
+// ---- fleet: one node's breaker takes another's state -------------------
+
+/// A breaker driven open by failures, then to half-open.
+fn opened_then_half_open(b: &mut Breaker, mut now: Instant) -> Instant {
+    for _ in 0..30 {
+        b.record_outcome(Outcome::dependency(FAST), now);
+    }
+    let t = b.evaluate(now).expect("trips");
+    assert_eq!(t.to, State::Open);
+    now += Duration::from_secs(301);
+    assert_eq!(b.evaluate(now).map(|t| t.to), Some(State::HalfOpen));
+    now
+}
+
+#[test]
+fn a_follower_takes_the_leaders_state_with_its_timers() {
+    let t0 = Instant::now();
+    let mut leader = Breaker::with_seed(cfg(), 1, t0).expect("config");
+    let mut follower = Breaker::with_seed(cfg(), 2, t0).expect("config");
+    for _ in 0..30 {
+        leader.record_outcome(Outcome::dependency(FAST), t0);
+    }
+    let trip = leader.evaluate(t0).expect("trips");
+    let view = leader.shared_view(t0 + Duration::from_millis(400));
+    assert_eq!(view.in_state_ms, 400);
+
+    let now = t0 + Duration::from_millis(500);
+    let t = follower.adopt(&view, now).expect("a transition");
+    assert_eq!((t.from, t.to), (State::Closed, State::Open));
+    assert_eq!(t.reason, trip.reason, "the leader's reason");
+    assert!(!follower.gate().may_poll, "the follower's gate closed");
+    // Same view again: nothing moves.
+    assert_eq!(follower.adopt(&view, now), None);
+    // The cool-down is the leader's, counted from when the leader opened.
+    let status = follower.status(now);
+    let cd = status.cool_down.expect("cool-down");
+    assert_eq!(cd.total_ms, view.cool_down_ms);
+    assert_eq!(cd.remaining_ms, view.cool_down_ms - 400);
+    assert_eq!(status.opens_since_close, 1);
+
+    // Half-open: the period is the leader's, and a probe is admitted in it.
+    let now = t0 + Duration::from_secs(301);
+    assert_eq!(leader.evaluate(now).map(|t| t.to), Some(State::HalfOpen));
+    let view = leader.shared_view(now);
+    let t = follower.adopt(&view, now).expect("half-open");
+    assert_eq!(t.to, State::HalfOpen);
+    assert_eq!(follower.probe_period(), leader.probe_period());
+    assert!(follower.try_admit_probe(now).is_some());
+}
+
+#[test]
+fn a_manual_override_travels_with_the_view() {
+    let t0 = Instant::now();
+    let mut a = Breaker::with_seed(cfg(), 1, t0).expect("config");
+    let mut b = Breaker::with_seed(cfg(), 2, t0).expect("config");
+    a.force_open("maintenance", Some(Duration::from_secs(60)), t0);
+    let later = t0 + Duration::from_secs(1);
+    b.adopt(&a.shared_view(later), later).expect("opened");
+    let o = b.status(later).manual_override.expect("override");
+    assert_eq!(o.note, "maintenance");
+    assert_eq!(o.remaining_ms, Some(59_000));
+    // The override expires on the follower's own clock too.
+    let t = b.evaluate(t0 + Duration::from_secs(61)).expect("expired");
+    assert_eq!(t.reason, Reason::OverrideExpired);
+}
+
+#[test]
+fn probe_successes_are_counted_across_the_fleet() {
+    let mut h = H::new(cfg());
+    let now = opened_then_half_open(&mut h.b, h.now);
+    let (period, _) = h.b.probe_period().expect("half-open");
+    let needed = h.b.config().half_open.successes_to_close;
+    assert!(needed > 1);
+    // Another node's successes bring the count to one short: no ramp.
+    assert_eq!(h.b.fleet_probes_succeeded(period, needed - 1, now), None);
+    assert_eq!(h.b.fleet_probes_succeeded(period + 1, needed, now), None, "stale");
+    let t = h.b.fleet_probes_succeeded(period, needed, now).expect("ramp");
+    assert_eq!(t.to, State::Ramping);
+}
+
+#[test]
+fn other_nodes_outcomes_feed_the_failure_ratio() {
+    let mut h = H::new(cfg());
+    let tally = OutcomeTally {
+        calls: 100,
+        failures: 60,
+        ..OutcomeTally::default()
+    };
+    assert_eq!(h.b.evaluate(h.now), None);
+    h.b.record_fleet_outcomes(&tally, h.now);
+    let t = h.b.evaluate(h.now).expect("the fleet's ratio trips");
+    assert!(matches!(t.reason, Reason::FailureRatio { calls: 100, .. }), "{t:?}");
+}

@@ -77,6 +77,52 @@ impl Outcome {
     }
 }
 
+/// Outcomes counted by kind, as one node hands them to the fleet's
+/// controller: cumulative since the node started, so a reading missed is
+/// merged into the next, never lost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub struct OutcomeTally {
+    /// Calls that reached the dependency (successes and dependency failures).
+    pub calls: u64,
+    /// Dependency failures among them.
+    pub failures: u64,
+    /// Calls slower than `slow_ms`.
+    pub slow: u64,
+    /// Permanent failures (poison): neither calls nor failures.
+    pub permanent: u64,
+    /// Keys set aside for contention: neither calls nor failures.
+    pub contended: u64,
+}
+
+impl OutcomeTally {
+    /// Counts one outcome; `slow_after` is the slow-call threshold.
+    pub fn add(&mut self, o: Outcome, slow_after: Duration) {
+        match o.class {
+            OutcomeClass::Permanent => self.permanent += 1,
+            OutcomeClass::KeyContention => self.contended += 1,
+            class => {
+                self.calls += 1;
+                self.failures += u64::from(class == OutcomeClass::Dependency);
+                self.slow += u64::from(o.latency > slow_after);
+            }
+        }
+    }
+
+    /// What `self` counted past `earlier` (a counter that went backwards,
+    /// a node restarted, counts from zero).
+    pub fn since(&self, earlier: &Self) -> Self {
+        let d = |now: u64, then: u64| if now >= then { now - then } else { now };
+        Self {
+            calls: d(self.calls, earlier.calls),
+            failures: d(self.failures, earlier.failures),
+            slow: d(self.slow, earlier.slow),
+            permanent: d(self.permanent, earlier.permanent),
+            contended: d(self.contended, earlier.contended),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct Calls {
     calls: u64,
@@ -158,6 +204,25 @@ impl OutcomeSignals {
                 });
             }
         }
+    }
+
+    /// Records outcomes another node counted, as of `now_ms`.
+    pub(crate) fn record_tally(&mut self, t: &OutcomeTally, now_ms: u64) {
+        self.failures.record(now_ms, |b| {
+            b.calls += t.calls;
+            b.failures += t.failures;
+            b.permanent += t.permanent;
+            b.contended += t.contended;
+        });
+        self.slow.record(now_ms, |b| {
+            b.calls += t.calls;
+            b.slow += t.slow;
+        });
+    }
+
+    /// The slow-call threshold.
+    pub(crate) fn slow_after(&self) -> Duration {
+        self.slow_after
     }
 
     /// Forgets the past (on entering half-open and the ramp, so failures
