@@ -34,6 +34,58 @@ pub struct BreakerView {
     /// room for releases), found when the process started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub queue_warnings: Vec<String>,
+    /// The fleet this process belongs to (`[fleet]`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetInfo>,
+}
+
+/// A fleet as one of its nodes sees it (`GET /breaker`, `breakwater fleet
+/// status`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetInfo {
+    /// This node's id (absent where the view was read from the store, not
+    /// from a node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Where this node stands: `leader` (holds the controller lease and
+    /// evaluates), `follower`, `observer` (runs no workers) or `fallback`
+    /// (the store cannot be reached: it decides alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standing: Option<String>,
+    /// Whether this node is on local fallback.
+    #[serde(default)]
+    pub fallback: bool,
+    /// The Redis key prefix of the deployment.
+    pub prefix: String,
+    /// The node holding the controller lease.
+    pub lease_holder: Option<String>,
+    /// The shared breaker record: its state and generation.
+    pub state: Option<State>,
+    pub generation: Option<u64>,
+    /// Every node that beat lately.
+    pub nodes: Vec<FleetNode>,
+}
+
+/// One node of a fleet, from its latest heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetNode {
+    pub node: String,
+    /// `ingress`, `worker` or `all`.
+    pub role: String,
+    /// The breaker state it applies.
+    pub state: Option<State>,
+    /// Milliseconds since its last heartbeat.
+    pub last_beat_ms_ago: u64,
+    /// Worker slots, and how many are waiting on a lock.
+    pub slots: usize,
+    pub lock_waits: usize,
+    /// The entity keys its waiting slots are locked on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lock_targets: Vec<String>,
+    /// Whether it said it was on local fallback.
+    pub fallback: bool,
+    /// Whether it holds the controller lease.
+    pub leader: bool,
 }
 
 /// Where the breaker runs.
@@ -45,6 +97,9 @@ pub enum BreakerLocation {
     /// With the workers, in other processes (this one runs only the
     /// ingress, which never gates on the breaker).
     WithTheWorkers { detail: String },
+    /// Shared by the fleet (`[fleet]`): every node follows one record, the
+    /// lease holder evaluates; `breaker` is this node's copy.
+    Fleet,
 }
 
 /// A key parked by the hot-key lanes.
@@ -128,6 +183,7 @@ mod tests {
             parked_keys: Vec::new(),
             db_lock_waiters: None,
             queue_warnings: vec!["the queue's own redelivery limit is 5".into()],
+            fleet: None,
         };
         let json = serde_json::to_value(&view).expect("json");
         assert_eq!(json["location"]["kind"], "with_the_workers");

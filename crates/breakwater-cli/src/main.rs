@@ -126,6 +126,14 @@ enum Command {
         #[command(flatten)]
         config: ConfigPath,
     },
+    /// Inspect the fleet (`[fleet]`): read straight from Redis, so it
+    /// answers with every node down.
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+        #[command(flatten)]
+        config: ConfigPath,
+    },
     /// Inspect, replay or purge dead-lettered messages.
     Dlq {
         #[command(subcommand)]
@@ -164,6 +172,17 @@ enum ConfigCommand {
 enum QueueCommand {
     /// Counts: visible, in flight, delayed, dead-lettered, oldest visible age.
     Stats {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCommand {
+    /// The nodes, their roles, last heartbeat, slots in lock wait, the
+    /// breaker's shared state, and which node holds the controller lease.
+    Status {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -402,6 +421,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load_config(config.config.as_deref())?;
             runtime()?.block_on(breaker_command(&config, command))
         }
+        Command::Fleet {
+            command: FleetCommand::Status { json },
+            config,
+        } => {
+            let config = load_config(config.config.as_deref())?;
+            runtime()?.block_on(fleet_status(&config, json))
+        }
         Command::Dlq { command, config } => {
             let config = load_config(config.config.as_deref())?;
             runtime()?.block_on(dlq_command(&config, command))
@@ -511,6 +537,75 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
     Ok(())
 }
 
+async fn fleet_status(config: &Config, json: bool) -> anyhow::Result<()> {
+    let fleet = config
+        .fleet
+        .as_ref()
+        .context("no [fleet] in the config: this deployment runs no fleet (each process keeps its own breaker; see `breakwater breaker status`)")?;
+    let store = breakwater_fleet::RedisFleet::open(&fleet.redis_url, &fleet.prefix, "cli")?;
+    let view = store.view().await.with_context(|| {
+        format!(
+            "cannot read the fleet from {}",
+            breakwater::config::redact_url(&fleet.redis_url)
+        )
+    })?;
+    let info = breakwater::breaker::fleet::fleet_info(&view, &fleet.prefix);
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(());
+    }
+    outln!("prefix       {}", info.prefix);
+    outln!(
+        "breaker      {}",
+        match (info.state, info.generation) {
+            (Some(s), Some(g)) => format!("{s} (record generation {g})"),
+            _ => "no record yet (no worker has started)".to_owned(),
+        }
+    );
+    outln!(
+        "lease        {}",
+        info.lease_holder
+            .as_deref()
+            .unwrap_or("(free: no worker holds it)")
+    );
+    if info.nodes.is_empty() {
+        outln!("nodes        none has beaten");
+        return Ok(());
+    }
+    outln!(
+        "{:<28} {:<8} {:<10} {:>10} {:>6} {:>10}  notes",
+        "NODE",
+        "ROLE",
+        "STATE",
+        "LAST BEAT",
+        "SLOTS",
+        "LOCK WAIT"
+    );
+    for n in &info.nodes {
+        let mut notes = Vec::new();
+        if n.leader {
+            notes.push("holds the lease".to_owned());
+        }
+        if n.fallback {
+            notes.push("local fallback".to_owned());
+        }
+        if !n.lock_targets.is_empty() {
+            notes.push(format!("waiting on {}", n.lock_targets.join(", ")));
+        }
+        outln!(
+            "{:<28} {:<8} {:<10} {:>8.1} s {:>6} {:>10}  {}",
+            n.node,
+            n.role,
+            n.state.map_or_else(|| "-".to_owned(), |s| s.to_string()),
+            n.last_beat_ms_ago as f64 / 1000.0,
+            n.slots,
+            n.lock_waits,
+            notes.join("; ")
+        );
+    }
+    Ok(())
+}
+
 fn urlencode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -545,13 +640,27 @@ fn print_breaker(view: &BreakerView) -> anyhow::Result<()> {
             outln!("where        {detail}");
             return Ok(());
         }
-        (None, BreakerLocation::Local) => {
+        (None, BreakerLocation::Local | BreakerLocation::Fleet) => {
             outln!("state        (unknown)");
             return Ok(());
         }
     };
     outln!("state        {}", b.state);
     outln!("limit        {}", b.limit);
+    if let Some(f) = &view.fleet {
+        outln!(
+            "fleet        node {} ({}{}), lease held by {}, {} node(s) beating",
+            f.node.as_deref().unwrap_or("?"),
+            f.standing.as_deref().unwrap_or("?"),
+            if f.fallback {
+                ": the fleet store cannot be reached, deciding alone"
+            } else {
+                ""
+            },
+            f.lease_holder.as_deref().unwrap_or("nobody"),
+            f.nodes.len()
+        );
+    }
     if let Some(m) = &b.message {
         outln!("reason       {m}");
     }

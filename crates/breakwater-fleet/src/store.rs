@@ -227,10 +227,7 @@ impl RedisFleet {
             .query_async(&mut conn)
             .await
             .map_err(unavailable)?;
-        let beats: Vec<String> = conn
-            .hgetall(self.keys.beats())
-            .await
-            .map_err(|e| unavailable(e))?;
+        let beats: Vec<String> = conn.hgetall(self.keys.beats()).await.map_err(unavailable)?;
         Ok(FleetView {
             lease: lease.as_deref().and_then(Lease::decode),
             record: record.as_deref().and_then(parse_record),

@@ -25,7 +25,10 @@ use breakwater_sink::{
     StatementSpec,
 };
 
+use breakwater_fleet::{NodeRole, RedisFleet};
+
 use crate::admin::Admin;
+use crate::breaker::{Coordination, FleetLink, Standing};
 use crate::config::{BackoffJitter, Config, LockWaitersScopeName};
 use crate::ingress::{ApplyStatus, Ingress};
 use crate::queue::{OpenMode, Queue};
@@ -58,6 +61,8 @@ pub enum ServeError {
     Sink(#[from] breakwater_sink::SinkSetupError),
     #[error("invalid [breaker] config")]
     Breaker(#[from] breakwater_control::ConfigError),
+    #[error("[fleet]")]
+    Fleet(#[from] breakwater_fleet::FleetError),
     #[error("cannot listen on {addr} ({what}): {error}")]
     Bind {
         what: &'static str,
@@ -406,6 +411,14 @@ pub struct Hooks {
     pub sink_layer: Option<SinkLayer>,
 }
 
+fn node_role(role: Role) -> NodeRole {
+    match role {
+        Role::Ingress => NodeRole::Ingress,
+        Role::Worker => NodeRole::Worker,
+        Role::All => NodeRole::All,
+    }
+}
+
 /// Starts the service described by `config`. With the role `all` and a
 /// sink that does not answer, it returns only once the sink does, the
 /// ingress and the admin API serving meanwhile.
@@ -448,17 +461,61 @@ pub async fn start_with(
     for warning in &queue_warnings {
         tracing::warn!(backend = %config.queue.backend, "{warning}");
     }
-    let controller = if runs_workers {
+    // With [fleet], every node (an ingress node too, so its admin API
+    // shows and can trip the fleet's breaker) follows one shared breaker.
+    let fleet = match &config.fleet {
+        Some(f) => {
+            let node = f.node();
+            let store = Arc::new(RedisFleet::open(&f.redis_url, &f.prefix, &node)?);
+            tracing::info!(node = %node, prefix = %f.prefix,
+                redis = %crate::config::redact_url(&f.redis_url), "fleet mode: one breaker through Redis");
+            Some(Arc::new(FleetLink::new(
+                store,
+                node_role(role),
+                Duration::from_millis(f.beat_ms),
+                Duration::from_millis(f.lease_ms),
+            )))
+        }
+        None => None,
+    };
+    let controller = if runs_workers || fleet.is_some() {
         let mut breaker_config = config.breaker.clone();
         // One knob for the pool size: the breaker's maximum is the workers'.
         breaker_config.max_concurrency = config.workers.max_concurrency;
-        Some(Controller::new(
+        let workers = if runs_workers {
+            config.workers.max_concurrency as usize
+        } else {
+            0
+        };
+        let coordination = match &fleet {
+            Some(link) => Coordination {
+                store: Arc::clone(link.store()) as _,
+                probe_slots: Arc::clone(link.store()) as _,
+                node: link.store().node().to_owned(),
+                standing: if runs_workers {
+                    Standing::Follower
+                } else {
+                    Standing::Observer
+                },
+            },
+            None => Coordination::local(),
+        };
+        Some(Controller::with_coordination(
             breaker_config,
-            config.workers.max_concurrency as usize,
+            workers,
+            coordination,
         )?)
     } else {
         None
     };
+    if let (Some(link), Some(controller)) = (&fleet, &controller) {
+        tasks.push(tokio::spawn(
+            Arc::clone(link).run(Arc::clone(controller), stop_rx.clone()),
+        ));
+        if !runs_workers {
+            tasks.push(tokio::spawn(Arc::clone(controller).share(stop_rx.clone())));
+        }
+    }
     let mut ingress_addr = None;
     if role != Role::Worker {
         let listener = bind("ingress", config.ingress.listen).await?;
@@ -507,6 +564,7 @@ pub async fn start_with(
         queue: Arc::clone(&queue),
         token: config.admin.token.clone(),
         controller: controller.clone(),
+        fleet: fleet.clone(),
         parked: parked.clone(),
         queue_warnings,
     };

@@ -34,3 +34,7 @@ pub const BREAKER_LIMIT: &str = "breakwater_breaker_concurrency_limit";
 pub const BREAKER_TRANSITIONS: &str = "breakwater_breaker_transitions_total";
 /// Database sessions waiting on a lock (PostgreSQL sink).
 pub const DB_LOCK_WAITERS: &str = "breakwater_db_lock_waiters";
+/// 1 while this node decides alone because the fleet store cannot be reached.
+pub const FLEET_FALLBACK: &str = "breakwater_fleet_fallback";
+/// 1 while this node holds the fleet's controller lease.
+pub const FLEET_LEADER: &str = "breakwater_fleet_leader";

@@ -42,6 +42,7 @@ use breakwater_admin_api::{
 use http::{StatusCode, header};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::breaker::FleetLink;
 use crate::queue::{DlqPage, Queue, QueueError};
 use crate::worker::{Controller, ParkedKeys};
 
@@ -50,8 +51,10 @@ pub struct Admin {
     pub metrics: Option<PrometheusHandle>,
     pub queue: Arc<dyn Queue>,
     pub token: Option<String>,
-    /// The breaker, in a process that runs workers.
+    /// The breaker, in a process that runs workers (or any fleet node).
     pub controller: Option<Arc<Controller>>,
+    /// The fleet link, with `[fleet]`.
+    pub fleet: Option<Arc<FleetLink>>,
     /// Hot keys parked by the lanes (workers role only).
     pub parked: Option<ParkedKeys>,
     /// What the queue's own settings could do to the workers' messages,
@@ -182,9 +185,18 @@ async fn dlq_show(State(admin): State<Arc<Admin>>, Path(id): Path<String>) -> Re
 }
 
 async fn breaker_status(State(admin): State<Arc<Admin>>) -> Response {
+    let fleet = match (&admin.fleet, &admin.controller) {
+        (Some(link), Some(controller)) => Some(link.info(controller).await),
+        _ => None,
+    };
     let view = match &admin.controller {
         Some(controller) => BreakerView {
-            location: BreakerLocation::Local,
+            location: if fleet.is_some() {
+                BreakerLocation::Fleet
+            } else {
+                BreakerLocation::Local
+            },
+            fleet,
             breaker: Some(controller.status()),
             parked_keys: admin
                 .parked
@@ -200,6 +212,7 @@ async fn breaker_status(State(admin): State<Arc<Admin>>) -> Response {
             parked_keys: Vec::new(),
             db_lock_waiters: None,
             queue_warnings: Vec::new(),
+            fleet: None,
         },
     };
     Json(view).into_response()

@@ -25,15 +25,18 @@
 //! row lock (the database's own view, from `pg_stat_activity`, is the
 //! separate lock-waiters signal).
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use breakwater_control::{
     Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
-    Heartbeat, KeyContention, LocalBreakerStore, LocalProbeSlots, Outcome, OutcomeClass, ProbeSlot,
-    ProbeSlots, ProbeTicket, QueueSample, SharedGate, SignalKind, State, Transition, WorkerState,
+    Heartbeat, KeyContention, LocalBreakerStore, LocalProbeSlots, Outcome, OutcomeClass,
+    OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, SharedBreaker, SharedGate,
+    SignalKind, State, Transition, WorkerState,
 };
+use breakwater_fleet::{NodeBeat, SlotBeat, SlotState};
 use breakwater_sink::Sink;
 use tokio::sync::{Notify, watch};
 
@@ -50,10 +53,17 @@ const FAILURE_KINDS_KEPT: usize = 32;
 /// Pause before storing the breaker's record again after the store failed.
 const SHARE_RETRY: Duration = Duration::from_secs(1);
 
-/// Start times of the applies in progress, one slot per worker.
+/// An apply in progress: since when, and on which entity key.
+#[derive(Debug, Clone)]
+struct Applying {
+    since: Instant,
+    key: Option<String>,
+}
+
+/// The applies in progress, one slot per worker.
 #[derive(Debug)]
 pub struct Slots {
-    started: Mutex<Vec<Option<Instant>>>,
+    started: Mutex<Vec<Option<Applying>>>,
 }
 
 /// A worker slot held while a message is applied; frees itself on drop.
@@ -69,14 +79,15 @@ impl Slots {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Option<Instant>>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Option<Applying>>> {
         self.started
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Marks a free slot as applying since `now` (grows if all are taken).
-    pub fn begin(&self, now: Instant) -> SlotGuard<'_> {
+    /// Marks a free slot as applying since `now`, on entity `key` (grows
+    /// if all are taken).
+    pub fn begin(&self, now: Instant, key: Option<&str>) -> SlotGuard<'_> {
         let mut s = self.lock();
         let index = match s.iter().position(Option::is_none) {
             Some(i) => i,
@@ -85,7 +96,10 @@ impl Slots {
                 s.len() - 1
             }
         };
-        s[index] = Some(now);
+        s[index] = Some(Applying {
+            since: now,
+            key: key.map(str::to_owned),
+        });
         SlotGuard { slots: self, index }
     }
 
@@ -93,20 +107,48 @@ impl Slots {
         self.lock()
             .iter()
             .enumerate()
-            .map(|(i, started)| Heartbeat {
+            .map(|(i, applying)| Heartbeat {
                 worker: i as u64,
-                state: match started {
-                    None => WorkerState::Idle,
-                    Some(t) if now.saturating_duration_since(*t) >= LOCK_WAIT_AFTER => {
-                        WorkerState::LockWait {
-                            waited: now.saturating_duration_since(*t),
-                        }
-                    }
-                    Some(_) => WorkerState::Applying,
-                },
+                state: worker_state(applying.as_ref().map(|a| a.since), now),
                 at: now,
             })
             .collect()
+    }
+
+    /// The slots as a fleet heartbeat carries them (the article's shape).
+    fn beats(&self, now: Instant) -> Vec<SlotBeat> {
+        self.lock()
+            .iter()
+            .enumerate()
+            .map(|(i, applying)| {
+                let state = worker_state(applying.as_ref().map(|a| a.since), now);
+                SlotBeat {
+                    slot: u32::try_from(i).unwrap_or(u32::MAX),
+                    state: match state {
+                        WorkerState::Idle => SlotState::Idle,
+                        WorkerState::Applying => SlotState::Applying,
+                        WorkerState::LockWait { .. } => SlotState::DbLockWait,
+                    },
+                    lock_target: applying.as_ref().and_then(|a| a.key.clone()),
+                    waited_ms: applying.as_ref().map_or(0, |a| {
+                        u64::try_from(now.saturating_duration_since(a.since).as_millis())
+                            .unwrap_or(u64::MAX)
+                    }),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A slot's state: idle, applying, or in a lock wait once an apply has run
+/// [`LOCK_WAIT_AFTER`].
+fn worker_state(since: Option<Instant>, now: Instant) -> WorkerState {
+    match since {
+        None => WorkerState::Idle,
+        Some(t) if now.saturating_duration_since(t) >= LOCK_WAIT_AFTER => WorkerState::LockWait {
+            waited: now.saturating_duration_since(t),
+        },
+        Some(_) => WorkerState::Applying,
     }
 }
 
@@ -132,6 +174,12 @@ pub struct Probe {
 pub struct Coordination {
     pub store: Arc<dyn BreakerStore>,
     pub probe_slots: Arc<dyn ProbeSlots>,
+    /// This node's id in the fleet (`local` alone).
+    pub node: String,
+    /// How the node starts: [`Standing::Alone`] without a fleet, else
+    /// [`Standing::Follower`] (or [`Standing::Observer`] for a node that
+    /// runs no workers) until its first beat says more.
+    pub standing: Standing,
 }
 
 impl Coordination {
@@ -140,9 +188,80 @@ impl Coordination {
         Self {
             store: Arc::new(LocalBreakerStore::default()),
             probe_slots: Arc::new(LocalProbeSlots::default()),
+            node: "local".to_owned(),
+            standing: Standing::Alone,
         }
     }
 }
+
+/// Where a node stands in its fleet: who evaluates the breaker's signals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Standing {
+    /// No fleet: the node decides alone.
+    Alone = 0,
+    /// Holds the controller lease: evaluates the fleet's signals and makes
+    /// the timed transitions (cool-downs, ramp steps, probe timeouts).
+    Leader = 1,
+    /// Follows the shared record; makes only the transitions its own
+    /// inputs call for (a probe's outcome, an operator's trip or reset).
+    Follower = 2,
+    /// Runs no workers (an ingress node): follows the shared record for
+    /// its admin API and never takes the lease.
+    Observer = 3,
+    /// The fleet store cannot be reached: the node decides alone until it
+    /// can, then follows the fleet again.
+    Fallback = 4,
+}
+
+impl Standing {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Leader,
+            2 => Self::Follower,
+            3 => Self::Observer,
+            4 => Self::Fallback,
+            _ => Self::Alone,
+        }
+    }
+
+    /// Whether the node runs the breaker's evaluation itself.
+    pub fn evaluates(self) -> bool {
+        matches!(self, Self::Alone | Self::Leader | Self::Fallback)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Alone => "alone",
+            Self::Leader => "leader",
+            Self::Follower => "follower",
+            Self::Observer => "observer",
+            Self::Fallback => "fallback",
+        }
+    }
+}
+
+/// The local change waiting to be shared: the breaker's view after it, and
+/// the record generation it was made on (compare-and-set expects that one,
+/// so a change made before the node followed a newer record never
+/// overwrites it).
+#[derive(Debug, Clone)]
+struct Pending {
+    based_on: Option<u64>,
+    view: SharedBreaker,
+}
+
+/// What the lease holder knows of the other nodes.
+#[derive(Debug, Default)]
+struct FleetNodes {
+    /// Node id -> (worker id base for its slots, its tally last read).
+    seen: HashMap<String, (u64, Option<OutcomeTally>)>,
+    next_base: u64,
+}
+
+/// Worker ids of other nodes' slots start here (this node's own are its
+/// slot numbers), 2^20 apart.
+const REMOTE_WORKERS: u64 = 1 << 20;
 
 /// The breaker and everything that feeds it.
 pub struct Controller {
@@ -154,9 +273,20 @@ pub struct Controller {
     coordination: Coordination,
     /// How long a fleet probe slot is held at most (the probe timeout).
     probe_ttl: Duration,
-    /// The record to share next: the breaker as it stands after the latest
-    /// transition, stored by its own task by compare-and-set.
-    record: watch::Sender<Option<BreakerRecord>>,
+    /// The change to share next: the breaker as it stands after the latest
+    /// local transition, stored by its own task by compare-and-set.
+    pending: watch::Sender<Option<Pending>>,
+    /// The record generation this node follows (stored or adopted last).
+    applied: Mutex<Option<u64>>,
+    /// Where this node stands in its fleet ([`Standing`] as a number).
+    standing: AtomicU8,
+    /// This node's outcomes since it started, for its fleet heartbeat.
+    tally: Mutex<OutcomeTally>,
+    slow_after: Duration,
+    /// Other nodes' slots and tallies, as the lease holder last read them.
+    fleet_nodes: Mutex<FleetNodes>,
+    /// Itself, for the tasks it spawns.
+    me: Weak<Controller>,
     /// Recent lock timeouts by key: one hot key's, or the database's.
     contention: Mutex<KeyContention>,
     /// Whether each of the latest dependency failures was a connection
@@ -193,7 +323,9 @@ impl Controller {
         let probe_ttl = Duration::from_millis(config.half_open.probe_timeout_ms);
         let breaker = Breaker::new(config, Instant::now())?;
         let gate = breaker.shared_gate();
-        let controller = Self {
+        let slow_after = breaker.slow_after();
+        let standing = coordination.standing as u8;
+        let controller = Arc::new_cyclic(|me| Self {
             breaker: Mutex::new(breaker),
             gate,
             changed: Notify::new(),
@@ -201,13 +333,19 @@ impl Controller {
             last_lock_waiters: Mutex::new(None),
             coordination,
             probe_ttl,
-            record: watch::channel(None).0,
+            pending: watch::channel(None).0,
+            applied: Mutex::new(None),
+            standing: AtomicU8::new(standing),
+            tally: Mutex::new(OutcomeTally::default()),
+            slow_after,
+            fleet_nodes: Mutex::new(FleetNodes::default()),
+            me: me.clone(),
             contention: Mutex::new(KeyContention::default()),
             failure_kinds: Mutex::new(VecDeque::with_capacity(FAILURE_KINDS_KEPT)),
             early_half_open_used: std::sync::atomic::AtomicBool::new(false),
-        };
+        });
         controller.publish_gauges();
-        Ok(Arc::new(controller))
+        Ok(controller)
     }
 
     fn breaker(&self) -> MutexGuard<'_, Breaker> {
@@ -229,6 +367,7 @@ impl Controller {
     /// Reports a finished apply.
     pub fn record(&self, outcome: Outcome, probe: Option<Probe>) {
         let now = Instant::now();
+        lock(&self.tally).add(outcome, self.slow_after);
         let t = {
             let mut b = self.breaker();
             match probe {
@@ -237,11 +376,42 @@ impl Controller {
             }
         };
         if let Some(slot) = probe.and_then(|p| p.slot) {
-            self.give_back(slot);
+            if outcome.class == OutcomeClass::Success && t.is_none() {
+                self.count_fleet_success(slot);
+            } else {
+                self.give_back(slot);
+            }
         }
         if let Some(t) = t {
             self.announce(&t);
         }
+    }
+
+    /// A probe succeeded: its fleet slot is given back with the success
+    /// counted fleet-wide; the node whose success reaches
+    /// `successes_to_close` starts the ramp for the whole fleet.
+    fn count_fleet_success(&self, slot: ProbeSlot) {
+        let slots = Arc::clone(&self.coordination.probe_slots);
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            match slots.succeeded(slot).await {
+                Ok(successes) => {
+                    if let Some(c) = me.upgrade() {
+                        let t = c.breaker().fleet_probes_succeeded(
+                            slot.period,
+                            successes,
+                            Instant::now(),
+                        );
+                        if let Some(t) = t {
+                            c.announce(&t);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "probe success not counted fleet-wide; its slot lapses at its TTL");
+                }
+            }
+        });
     }
 
     /// Notes the kind of a dependency failure (the sink's `kind`), so an
@@ -425,7 +595,16 @@ impl Controller {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// A transition this node made: reported, then shared with the fleet.
     fn announce(&self, t: &Transition) {
+        self.report(t);
+        let view = self.breaker().shared_view(Instant::now());
+        let based_on = *lock(&self.applied);
+        self.pending.send_replace(Some(Pending { based_on, view }));
+    }
+
+    /// Logs a transition, counts it and wakes the dispatcher.
+    fn report(&self, t: &Transition) {
         if t.to == State::Open {
             tracing::warn!(from = %t.from, to = %t.to, dry_run = t.dry_run, limit = t.limit,
                 "breaker: {}", t.reason);
@@ -444,70 +623,161 @@ impl Controller {
                 .store(false, std::sync::atomic::Ordering::Release);
         }
         self.publish_gauges();
-        // The breaker as it stands now, not as `t` left it: two transitions
-        // announced out of order still leave the latest state shared.
-        let (state, reason, limit) = {
-            let status = self.status();
-            (
-                status.state,
-                status.message.unwrap_or_else(|| t.reason.to_string()),
-                status.limit,
-            )
-        };
-        self.record.send_modify(|r| {
-            let generation = r.as_ref().map_or(1, |r| r.generation + 1);
-            *r = Some(BreakerRecord {
-                state,
-                reason,
-                limit,
-                generation,
-            });
-        });
         self.changed.notify_waiters();
     }
 
-    /// Stores the breaker's latest record in the coordination store by
-    /// compare-and-set on the generation this node stored last (records in
-    /// between may be skipped: the store holds the current state, not a
-    /// log). A store that failed, or that another node moved, is tried
-    /// again after [`SHARE_RETRY`].
+    /// Takes a record another node stored, if it is newer than the one this
+    /// node follows: the breaker adopts its state (with the entry actions
+    /// of that state), and the transition is reported like one of its own.
+    pub fn follow(&self, record: &BreakerRecord) {
+        {
+            let mut applied = lock(&self.applied);
+            if applied.is_some_and(|g| g >= record.generation) {
+                return;
+            }
+            *applied = Some(record.generation);
+        }
+        let view = record.aged(breakwater_fleet::now_ms());
+        let t = self.breaker().adopt(&view, Instant::now());
+        if let Some(t) = t {
+            tracing::debug!(from = %record.node, generation = record.generation, "breaker record followed");
+            self.report(&t);
+        }
+    }
+
+    /// Where this node stands in its fleet.
+    pub fn standing(&self) -> Standing {
+        Standing::from_u8(self.standing.load(Ordering::Acquire))
+    }
+
+    /// Sets where this node stands; returns where it stood.
+    pub fn set_standing(&self, standing: Standing) -> Standing {
+        Standing::from_u8(self.standing.swap(standing as u8, Ordering::AcqRel))
+    }
+
+    /// This node's id in the fleet.
+    pub fn node(&self) -> &str {
+        &self.coordination.node
+    }
+
+    /// The generation of the record this node follows.
+    pub fn applied_generation(&self) -> Option<u64> {
+        *lock(&self.applied)
+    }
+
+    /// Shares the breaker as it stands, though no transition asked for it
+    /// (the store holds no record yet, or lost it).
+    pub fn share_current(&self) {
+        let view = self.breaker().shared_view(Instant::now());
+        let based_on = *lock(&self.applied);
+        self.pending.send_replace(Some(Pending { based_on, view }));
+    }
+
+    /// This node's heartbeat for the fleet store.
+    pub fn beat(&self, role: breakwater_fleet::NodeRole) -> NodeBeat {
+        let now = Instant::now();
+        NodeBeat {
+            node: self.coordination.node.clone(),
+            role,
+            at_ms: breakwater_fleet::now_ms(),
+            state: Some(self.gate().state),
+            generation: self.applied_generation().unwrap_or(0),
+            fallback: self.standing() == Standing::Fallback,
+            slots: if role.runs_workers() {
+                self.slots.beats(now)
+            } else {
+                Vec::new()
+            },
+            outcomes: *lock(&self.tally),
+        }
+    }
+
+    /// The lease holder reads every node's beat: other nodes' outcomes join
+    /// the failure and slow-call windows, their slots the lock-wait signal,
+    /// so the breaker judges the fleet, not this node. Returns the nodes
+    /// whose beats are older than `forget_after` (gone: to be removed).
+    pub fn observe_fleet(&self, beats: &[NodeBeat], forget_after: Duration) -> Vec<String> {
+        let now = Instant::now();
+        let now_ms = breakwater_fleet::now_ms();
+        let forget_ms = u64::try_from(forget_after.as_millis()).unwrap_or(u64::MAX);
+        let mut gone = Vec::new();
+        let mut guard = lock(&self.fleet_nodes);
+        let nodes = &mut *guard;
+        let mut hbs = Vec::new();
+        let mut outcomes = Vec::new();
+        for beat in beats {
+            if beat.node == self.coordination.node {
+                continue;
+            }
+            let age_ms = now_ms.saturating_sub(beat.at_ms);
+            if age_ms > forget_ms {
+                gone.push(beat.node.clone());
+                nodes.seen.remove(&beat.node);
+                continue;
+            }
+            let next = &mut nodes.next_base;
+            let entry = nodes.seen.entry(beat.node.clone()).or_insert_with(|| {
+                *next += 1;
+                (*next * REMOTE_WORKERS, None)
+            });
+            // The first beat read is the baseline: a node's past before
+            // this controller knew it is no evidence now.
+            if let Some(before) = &entry.1 {
+                outcomes.push(beat.outcomes.since(before));
+            }
+            entry.1 = Some(beat.outcomes);
+            let at = now
+                .checked_sub(Duration::from_millis(age_ms))
+                .unwrap_or(now);
+            for slot in &beat.slots {
+                hbs.push(Heartbeat {
+                    worker: entry.0 + u64::from(slot.slot),
+                    state: match slot.state {
+                        SlotState::Idle => WorkerState::Idle,
+                        SlotState::Applying => WorkerState::Applying,
+                        SlotState::DbLockWait => WorkerState::LockWait {
+                            waited: Duration::from_millis(slot.waited_ms),
+                        },
+                    },
+                    at,
+                });
+            }
+        }
+        drop(guard);
+        let mut b = self.breaker();
+        for tally in &outcomes {
+            b.record_fleet_outcomes(tally, now);
+        }
+        b.observe_heartbeats(&hbs, now);
+        gone
+    }
+
+    /// Shares this node's changes until `stop` (part of [`Controller::run`];
+    /// a fleet node that runs no workers runs it alone, so an operator's
+    /// trip there reaches the fleet).
+    pub async fn share(self: Arc<Self>, stop: watch::Receiver<bool>) {
+        self.share_records(stop).await;
+    }
+
+    /// Stores each local change in the coordination store by
+    /// compare-and-set on the generation it was made on (changes in between
+    /// may be skipped: the store holds the current state, not a log). When
+    /// another node moved first, its record stands and this node follows
+    /// it; a store that cannot be reached is tried again after
+    /// [`SHARE_RETRY`] (a node on local fallback shares what it decided
+    /// once the store is back, unless the fleet moved meanwhile).
     async fn share_records(&self, mut stop: watch::Receiver<bool>) {
-        let mut records = self.record.subscribe();
-        let mut stored: Option<u64> = None;
+        let mut changes = self.pending.subscribe();
         loop {
-            // The latest record (one made before this task started included),
-            // unless it is the one stored already.
-            let latest = records.borrow_and_update().clone();
+            let latest = changes.borrow_and_update().clone();
             let mut retry = None;
-            if let Some(mut record) = latest.filter(|r| Some(r.generation) != stored) {
-                // Always past what is stored, so a store another node moved
-                // on still takes this node's next record.
-                record.generation = record.generation.max(stored.map_or(0, |g| g + 1));
-                let generation = record.generation;
-                match self
-                    .coordination
-                    .store
-                    .compare_and_set(stored, record)
-                    .await
-                {
-                    Ok(true) => stored = Some(generation),
-                    Ok(false) => {
-                        // Another node moved first; following its state is
-                        // the fleet's job. Compare against what is there.
-                        tracing::info!(
-                            generation,
-                            "the shared breaker record moved elsewhere; this node keeps its own"
-                        );
-                        if let Ok(now) = self.coordination.store.load().await {
-                            stored = now.map(|r| r.generation);
-                        }
-                        retry = Some(SHARE_RETRY);
-                        records.mark_changed();
-                    }
+            if let Some(pending) = latest {
+                match self.store_change(pending).await {
+                    Ok(()) => {}
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot share the breaker record; trying again");
+                        tracing::debug!(error = %e, "cannot share the breaker record; trying again");
                         retry = Some(SHARE_RETRY);
-                        records.mark_changed();
+                        changes.mark_changed();
                     }
                 }
             }
@@ -518,11 +788,55 @@ impl Controller {
                 }
             };
             tokio::select! {
-                changed = records.changed(), if retry.is_none() => if changed.is_err() { break },
+                changed = changes.changed(), if retry.is_none() => if changed.is_err() { break },
                 () = backoff => {}
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
+    }
+
+    /// One local change into the store, or the fleet's newer record
+    /// followed instead.
+    async fn store_change(
+        &self,
+        pending: Pending,
+    ) -> Result<(), breakwater_control::CoordinationError> {
+        let store = &self.coordination.store;
+        let mut expected = pending.based_on;
+        // At most twice: a second try only after finding this node's own
+        // earlier change stored (two changes made on one generation).
+        for _ in 0..2 {
+            let generation = expected.map_or(1, |g| g + 1);
+            let record = BreakerRecord {
+                generation,
+                node: self.coordination.node.clone(),
+                written_at_ms: breakwater_fleet::now_ms(),
+                breaker: pending.view.clone(),
+            };
+            if store.compare_and_set(expected, record).await? {
+                let mut applied = lock(&self.applied);
+                if applied.is_none_or(|g| g < generation) {
+                    *applied = Some(generation);
+                }
+                return Ok(());
+            }
+            match store.load().await? {
+                Some(r)
+                    if r.node == self.coordination.node
+                        && Some(r.generation) == self.applied_generation() =>
+                {
+                    expected = Some(r.generation);
+                }
+                Some(r) => {
+                    tracing::info!(node = %r.node, generation = r.generation,
+                        "another node changed the breaker first; following it");
+                    self.follow(&r);
+                    return Ok(());
+                }
+                None => expected = None,
+            }
+        }
+        Ok(())
     }
 
     fn publish_gauges(&self) {
@@ -538,7 +852,12 @@ impl Controller {
     }
 
     /// One evaluation: the slots' heartbeats, then the breaker's rules.
+    /// Only where the node evaluates (alone, the lease holder, or on local
+    /// fallback); a follower takes the holder's decisions.
     fn evaluate(&self) {
+        if !self.standing().evaluates() {
+            return;
+        }
         let now = Instant::now();
         let beats = self.slots.heartbeats(now);
         let t = {
@@ -561,11 +880,7 @@ impl Controller {
         // Sampling waits on the queue and the database, which may be the
         // very thing that is down: it runs beside the tick, never in it.
         let sampler = tokio::spawn(Arc::clone(&self).sample_loop(queue, sink, stop.clone()));
-        let sharer = {
-            let this = Arc::clone(&self);
-            let stop = stop.clone();
-            tokio::spawn(async move { this.share_records(stop).await })
-        };
+        let sharer = tokio::spawn(Arc::clone(&self).share(stop.clone()));
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -646,6 +961,10 @@ impl Controller {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl crate::ingress::ApplyStatus for Controller {
     fn not_applying(&self) -> Option<String> {
         // Held for an unreachable sink: nothing is applied, dry run or not.
@@ -672,14 +991,19 @@ mod tests {
     fn slots_report_idle_applying_and_lock_wait() {
         let slots = Slots::new(3);
         let t = Instant::now();
-        let a = slots.begin(t);
-        let _b = slots.begin(t + Duration::from_millis(900));
+        let a = slots.begin(t, Some("order-1"));
+        let _b = slots.begin(t + Duration::from_millis(900), None);
         let beats = slots.heartbeats(t + Duration::from_secs(1));
         assert!(
             matches!(beats[0].state, WorkerState::LockWait { waited } if waited == Duration::from_secs(1))
         );
         assert_eq!(beats[1].state, WorkerState::Applying);
         assert_eq!(beats[2].state, WorkerState::Idle);
+        let fleet = slots.beats(t + Duration::from_secs(1));
+        assert_eq!(fleet[0].state, SlotState::DbLockWait);
+        assert_eq!(fleet[0].lock_target.as_deref(), Some("order-1"));
+        assert_eq!(fleet[0].waited_ms, 1_000);
+        assert_eq!(fleet[1].state, SlotState::Applying);
         drop(a);
         let beats = slots.heartbeats(t + Duration::from_secs(1));
         assert_eq!(beats[0].state, WorkerState::Idle);
@@ -737,6 +1061,12 @@ mod tests {
         ) -> Result<(), breakwater_control::CoordinationError> {
             Ok(())
         }
+        async fn succeeded(
+            &self,
+            _slot: ProbeSlot,
+        ) -> Result<u32, breakwater_control::CoordinationError> {
+            Ok(0)
+        }
     }
 
     /// A breaker that opens on one dependency failure and cools down in
@@ -760,8 +1090,8 @@ mod tests {
     #[tokio::test]
     async fn a_probe_needs_a_fleet_slot_before_the_breakers_own() {
         let full = Coordination {
-            store: Arc::new(LocalBreakerStore::default()),
             probe_slots: Arc::new(FullFleet),
+            ..Coordination::local()
         };
         let c = half_open(full).await;
         assert_eq!(c.try_admit_probe().await, None, "the fleet had no slot");
@@ -776,7 +1106,7 @@ mod tests {
         let store = Arc::new(LocalBreakerStore::default());
         let coordination = Coordination {
             store: Arc::clone(&store) as Arc<dyn BreakerStore>,
-            probe_slots: Arc::new(LocalProbeSlots::default()),
+            ..Coordination::local()
         };
         let c = Controller::with_coordination(BreakerConfig::default(), 4, coordination)
             .expect("controller");
@@ -790,9 +1120,13 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let stored = store.load().await.expect("load");
-            if stored.as_ref().is_some_and(|r| r.generation == 2) {
-                let r = stored.expect("record");
-                assert_eq!(r.state, c.gate().state, "{r:?}");
+            // The latest state is stored (the trip before it may have
+            // been skipped: the store holds the state, not a log).
+            if let Some(r) = &stored
+                && r.breaker.state == State::Closed
+            {
+                assert_eq!(r.breaker.state, c.gate().state, "{r:?}");
+                assert_eq!(c.applied_generation(), Some(r.generation));
                 break;
             }
             assert!(Instant::now() < deadline, "stored {stored:?}");
@@ -800,6 +1134,113 @@ mod tests {
         }
         let _ = stop.send(true);
         sharer.await.expect("sharer");
+    }
+
+    /// Two nodes of a fleet on one store: `a` and `b`, followers both.
+    fn two_nodes() -> (Arc<Controller>, Arc<Controller>, Arc<LocalBreakerStore>) {
+        let store = Arc::new(LocalBreakerStore::default());
+        let node = |name: &str| {
+            Controller::with_coordination(
+                BreakerConfig::default(),
+                4,
+                Coordination {
+                    store: Arc::clone(&store) as Arc<dyn BreakerStore>,
+                    probe_slots: Arc::new(LocalProbeSlots::default()),
+                    node: name.to_owned(),
+                    standing: Standing::Follower,
+                },
+            )
+            .expect("controller")
+        };
+        (node("a"), node("b"), store)
+    }
+
+    /// Waits until `c`'s pending change is stored (its sharer runs).
+    async fn shared(c: &Arc<Controller>) {
+        let pending = c.pending.borrow().clone().expect("a change to share");
+        c.store_change(pending).await.expect("store");
+    }
+
+    #[tokio::test]
+    async fn a_trip_on_one_node_is_followed_by_the_other() {
+        let (a, b, store) = two_nodes();
+        a.trip("maintenance", None);
+        shared(&a).await;
+        let record = store.load().await.expect("load").expect("stored");
+        assert_eq!((record.generation, record.node.as_str()), (1, "a"));
+        b.follow(&record);
+        assert_eq!(b.gate().state, State::Open);
+        assert!(!b.gate().may_poll);
+        assert_eq!(b.applied_generation(), Some(1));
+        // The same record again, or an older one, changes nothing.
+        b.reset(true, None);
+        b.follow(&record);
+        assert_eq!(
+            b.gate().state,
+            State::Closed,
+            "generation 1 was followed already"
+        );
+    }
+
+    #[tokio::test]
+    async fn of_two_changes_made_at_once_the_first_stored_stands() {
+        let (a, b, store) = two_nodes();
+        a.trip("a's trip", None);
+        b.reset(true, None);
+        shared(&a).await;
+        // b's change was made on no record; a's is stored: b follows a.
+        shared(&b).await;
+        let record = store.load().await.expect("load").expect("stored");
+        assert_eq!(record.node, "a");
+        assert_eq!(b.gate().state, State::Open, "b follows a's trip");
+        // Two changes of one node made on one generation both land.
+        a.reset(true, None);
+        a.trip("again", None);
+        shared(&a).await;
+        let record = store.load().await.expect("load").expect("stored");
+        assert_eq!((record.generation, record.breaker.state), (2, State::Open));
+    }
+
+    #[test]
+    fn a_follower_does_not_evaluate_and_the_leader_judges_the_fleets_outcomes() {
+        let (a, _b, _store) = two_nodes();
+        for _ in 0..50 {
+            a.record(Outcome::dependency(Duration::from_millis(5)), None);
+        }
+        a.evaluate();
+        assert_eq!(
+            a.gate().state,
+            State::Closed,
+            "a follower waits for the leader"
+        );
+        a.set_standing(Standing::Leader);
+        a.evaluate();
+        assert_eq!(a.gate().state, State::Open);
+
+        // A leader that saw nothing itself trips on another node's failures.
+        let (leader, _, _) = two_nodes();
+        leader.set_standing(Standing::Leader);
+        let mut beat = breakwater_fleet::NodeBeat {
+            node: "w2".into(),
+            role: breakwater_fleet::NodeRole::Worker,
+            at_ms: breakwater_fleet::now_ms(),
+            state: Some(State::Closed),
+            generation: 0,
+            fallback: false,
+            slots: Vec::new(),
+            outcomes: OutcomeTally::default(),
+        };
+        leader.observe_fleet(std::slice::from_ref(&beat), Duration::from_secs(60));
+        beat.outcomes.calls = 50;
+        beat.outcomes.failures = 50;
+        leader.observe_fleet(std::slice::from_ref(&beat), Duration::from_secs(60));
+        leader.evaluate();
+        assert_eq!(
+            leader.gate().state,
+            State::Open,
+            "{:?}",
+            leader.status().message
+        );
     }
 
     /// A breaker opened by failures of `kind`, with a long cool-down.

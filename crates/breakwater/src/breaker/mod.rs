@@ -7,9 +7,14 @@
 //! `breakwater_control::coordination` ([`Coordination`]): after every
 //! transition the breaker's state is stored as a record by compare-and-set,
 //! and a half-open probe takes a fleet slot (of the same half-open period)
-//! before the breaker's own. One node uses the in-memory stores;
-//! a fleet store drops in behind the same traits.
+//! before the breaker's own. One node uses the in-memory stores; with
+//! `[fleet]`, [`fleet`] links the controller to the Redis store: one node
+//! (the lease holder) evaluates, every node follows the shared record.
 
 pub mod controller;
+pub mod fleet;
 
-pub use self::controller::{Controller, Coordination, LOCK_WAIT_AFTER, Probe, SlotGuard, Slots};
+pub use self::controller::{
+    Controller, Coordination, LOCK_WAIT_AFTER, Probe, SlotGuard, Slots, Standing,
+};
+pub use self::fleet::FleetLink;

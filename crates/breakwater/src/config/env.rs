@@ -14,8 +14,9 @@ pub const ENV_PREFIX: &str = "BREAKWATER_";
 pub(super) const NOT_CONFIG: &[&str] = &["BREAKWATER_CHART_FONT"];
 
 /// Sections that environment variables may override.
-pub(super) const ENV_SECTIONS: &[&str] =
-    &["ingress", "admin", "queue", "sink", "workers", "breaker"];
+pub(super) const ENV_SECTIONS: &[&str] = &[
+    "ingress", "admin", "queue", "sink", "workers", "breaker", "fleet",
+];
 
 /// Sets `[section] key` in `table` from an environment value and reads the
 /// whole table again. The value is read as TOML first (`20`, `true`,

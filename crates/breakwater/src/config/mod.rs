@@ -98,6 +98,10 @@ pub struct Config {
     pub sink: SinkConfig,
     pub workers: WorkersConfig,
     pub breaker: breakwater_control::BreakerConfig,
+    /// Many processes, one breaker (through Redis); absent, a process
+    /// keeps its own breaker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetConfig>,
     #[serde(rename = "source")]
     pub sources: Vec<SourceConfig>,
 }
@@ -188,6 +192,53 @@ impl Default for SinkConfig {
             acquire_timeout_ms: 2000,
             lock_waiters_scope: LockWaitersScopeName::default(),
         }
+    }
+}
+
+/// `[fleet]`: the processes of one deployment share one breaker through
+/// Redis (see `breakwater_fleet`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// Where the fleet's state lives, e.g. `redis://127.0.0.1:6379`.
+    pub redis_url: String,
+    /// Every key under it, so deployments can share one Redis.
+    #[serde(default = "FleetConfig::default_prefix")]
+    pub prefix: String,
+    /// This process's id in the fleet; `hostname:pid` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// How often each node beats (heartbeat, lease, record), milliseconds.
+    #[serde(default = "FleetConfig::default_beat_ms")]
+    pub beat_ms: u64,
+    /// How long the controller lease lasts unless renewed: a dead holder is
+    /// replaced within it, milliseconds.
+    #[serde(default = "FleetConfig::default_lease_ms")]
+    pub lease_ms: u64,
+}
+
+impl FleetConfig {
+    fn default_prefix() -> String {
+        "breakwater".to_owned()
+    }
+    fn default_beat_ms() -> u64 {
+        1_000
+    }
+    fn default_lease_ms() -> u64 {
+        3_000
+    }
+
+    /// This process's node id: the configured one, else `hostname:pid`.
+    pub fn node(&self) -> String {
+        self.node_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .ok()
+                .filter(|h| !h.is_empty())
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .unwrap_or_else(|| "localhost".to_owned());
+            format!("{host}:{}", std::process::id())
+        })
     }
 }
 
@@ -322,6 +373,9 @@ impl Config {
         }
         copy.sink.url = redact_url(&copy.sink.url);
         copy.queue.url = copy.queue.url.as_deref().map(redact_url);
+        if let Some(fleet) = &mut copy.fleet {
+            fleet.redis_url = redact_url(&fleet.redis_url);
+        }
         // The backend's own keys as it reads them, defaults included, its
         // secret ones hidden.
         if let Ok(effective) = crate::queue::check(&copy.queue) {

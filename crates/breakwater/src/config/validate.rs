@@ -27,6 +27,29 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if let Some(fleet) = &self.fleet {
+            if !(fleet.redis_url.starts_with("redis://")
+                || fleet.redis_url.starts_with("rediss://"))
+            {
+                return Err(ConfigError::invalid(
+                    "fleet.redis_url",
+                    "must be a redis:// (or rediss://) URL",
+                ));
+            }
+            if fleet.prefix.is_empty() {
+                return Err(ConfigError::invalid("fleet.prefix", "must not be empty"));
+            }
+            if fleet.beat_ms == 0 || fleet.lease_ms < 2 * fleet.beat_ms {
+                return Err(ConfigError::invalid(
+                    "fleet.lease_ms",
+                    format!(
+                        "must be at least twice fleet.beat_ms ({} < 2 x {}): the holder renews \
+                         the lease at each beat, and one late beat must not lose it",
+                        fleet.lease_ms, fleet.beat_ms
+                    ),
+                ));
+            }
+        }
         if self.workers.max_attempts == 0 {
             return Err(ConfigError::invalid(
                 "workers.max_attempts",

@@ -152,8 +152,8 @@ async fn apply_once(
 ) -> Result<Applied, SinkError> {
     let started = Instant::now();
     let result = {
-        let _slot = controller.slots.begin(started);
         let m = &job.delivery.message;
+        let _slot = controller.slots.begin(started, m.entity_key.as_deref());
         let event = Event {
             source: &m.source,
             event_id: &m.event_id,

@@ -1,0 +1,317 @@
+//! The link between a node and its fleet (`[fleet]`): the tasks that keep
+//! the node's [`Controller`] in step with the fleet store on Redis.
+//!
+//! - **The beat**, every `beat_ms`: one round trip stores this node's
+//!   heartbeat (slots in the article's shape, its outcome tally), takes or
+//!   renews the controller lease (nodes that run workers), and reads the
+//!   breaker record as a backstop to the change feed; the lease holder also
+//!   reads every node's beat and feeds the fleet's outcomes and lock waits
+//!   into its breaker. A follower beats again just after the lease would
+//!   lapse, so a dead holder is replaced within the lease time.
+//! - **The change feed**: every record stored is published; each node
+//!   follows it at once (the per-message gate reads only the local copy).
+//! - **Fallback**: a beat that fails puts the node on its own breaker, said
+//!   once in the log, in `breakwater_fleet_fallback` and in `GET /breaker`;
+//!   webhooks keep flowing. The first beat that succeeds rejoins.
+//!
+//! The store's calls and the beat's cost are in `breakwater_fleet`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use breakwater_admin_api::{FleetInfo, FleetNode};
+use breakwater_fleet::{FleetView, Lease, NodeRole, RedisFleet, SlotState};
+use futures_util::StreamExt;
+use tokio::sync::watch;
+
+use super::controller::{Controller, Standing};
+use crate::telemetry;
+
+/// A node's beat older than this is removed from the store.
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+/// Pause before subscribing again after the change feed failed.
+const FEED_RETRY: Duration = Duration::from_secs(1);
+/// How long `GET /breaker` reuses a fleet view it read.
+const VIEW_REUSE: Duration = Duration::from_secs(1);
+
+/// This node's place in the fleet: the store, its role, its timing.
+pub struct FleetLink {
+    store: Arc<RedisFleet>,
+    role: NodeRole,
+    beat_every: Duration,
+    lease: Duration,
+    /// The lease as the last beat saw it.
+    last_lease: Mutex<Option<Lease>>,
+    /// The latest fleet view read for the admin API, and when.
+    view: Mutex<Option<(Instant, FleetView)>>,
+}
+
+impl std::fmt::Debug for FleetLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetLink")
+            .field("store", &self.store)
+            .field("role", &self.role)
+            .finish()
+    }
+}
+
+impl FleetLink {
+    pub fn new(
+        store: Arc<RedisFleet>,
+        role: NodeRole,
+        beat_every: Duration,
+        lease: Duration,
+    ) -> Self {
+        Self {
+            store,
+            role,
+            beat_every,
+            lease,
+            last_lease: Mutex::new(None),
+            view: Mutex::new(None),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<RedisFleet> {
+        &self.store
+    }
+
+    /// Who holds the controller lease, as the last beat saw it.
+    pub fn lease_holder(&self) -> Option<String> {
+        lock(&self.last_lease).as_ref().map(|l| l.holder.clone())
+    }
+
+    /// The fleet as it stands (every node's beat), read at most once per
+    /// second however often the admin API asks.
+    pub async fn view(&self) -> Option<FleetView> {
+        if let Some((at, v)) = lock(&self.view).as_ref()
+            && at.elapsed() < VIEW_REUSE
+        {
+            return Some(v.clone());
+        }
+        let v = self.store.view().await.ok()?;
+        *lock(&self.view) = Some((Instant::now(), v.clone()));
+        Some(v)
+    }
+
+    /// The fleet as this node shows it in `GET /breaker`: the store's view
+    /// (or, with the store down, only what this node knows), with where
+    /// this node stands.
+    pub async fn info(&self, controller: &Controller) -> FleetInfo {
+        let standing = controller.standing();
+        let mut info = match self.view().await {
+            Some(v) => fleet_info(&v, self.store.keys().prefix()),
+            None => FleetInfo {
+                node: None,
+                standing: None,
+                fallback: false,
+                prefix: self.store.keys().prefix().to_owned(),
+                lease_holder: self.lease_holder(),
+                state: None,
+                generation: controller.applied_generation(),
+                nodes: Vec::new(),
+            },
+        };
+        info.node = Some(self.store.node().to_owned());
+        info.standing = Some(standing.as_str().to_owned());
+        info.fallback = standing == Standing::Fallback;
+        info
+    }
+
+    /// Runs the beat and the change feed until `stop`; gives the lease up
+    /// on the way out.
+    pub async fn run(self: Arc<Self>, controller: Arc<Controller>, stop: watch::Receiver<bool>) {
+        let feed = tokio::spawn(Self::follow_changes(
+            Arc::clone(&self.store),
+            Arc::clone(&controller),
+            stop.clone(),
+        ));
+        self.beat_loop(&controller, stop).await;
+        let _ = feed.await;
+        if let Err(e) = self.store.release_lease().await {
+            tracing::debug!(error = %e, "the controller lease was not given up; it lapses");
+        }
+    }
+
+    async fn beat_loop(&self, controller: &Controller, mut stop: watch::Receiver<bool>) {
+        let wants_lease = self.role.runs_workers();
+        loop {
+            let next = self.beat(controller, wants_lease).await;
+            tokio::select! {
+                () = tokio::time::sleep(next) => {}
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+    }
+
+    /// One beat; returns when to beat again.
+    async fn beat(&self, controller: &Controller, wants_lease: bool) -> Duration {
+        let beat = controller.beat(self.role);
+        let lease_ttl = wants_lease.then_some(self.lease);
+        match self.store.sync(&beat, lease_ttl).await {
+            Ok(answer) => {
+                let standing = if !wants_lease {
+                    Standing::Observer
+                } else if answer.leader {
+                    Standing::Leader
+                } else {
+                    Standing::Follower
+                };
+                let before = controller.set_standing(standing);
+                self.say_standing(before, standing, &answer.lease);
+                match &answer.record {
+                    Some(record) => controller.follow(record),
+                    // A new deployment (or a Redis that lost its data): the
+                    // holder stores the breaker as it stands.
+                    None if answer.leader => controller.share_current(),
+                    None => {}
+                }
+                if answer.leader {
+                    let gone = controller.observe_fleet(&answer.beats, FORGET_AFTER);
+                    if !gone.is_empty() {
+                        let _ = self.store.forget_nodes(&gone).await;
+                    }
+                }
+                let next = self.next_beat(answer.leader, answer.lease.as_ref());
+                *lock(&self.last_lease) = answer.lease;
+                next
+            }
+            Err(e) => {
+                let before = controller.set_standing(Standing::Fallback);
+                if before != Standing::Fallback {
+                    tracing::warn!(error = %e,
+                        "the fleet store cannot be reached: this node decides alone until it can \
+                         (webhooks keep flowing)");
+                    metrics::gauge!(telemetry::FLEET_FALLBACK).set(1.0);
+                    metrics::gauge!(telemetry::FLEET_LEADER).set(0.0);
+                }
+                *lock(&self.last_lease) = None;
+                self.beat_every
+            }
+        }
+    }
+
+    /// A follower beats again just after the lease would lapse, if that is
+    /// sooner than its next beat: a dead holder is replaced within the
+    /// lease time.
+    fn next_beat(&self, leader: bool, lease: Option<&Lease>) -> Duration {
+        if leader || !self.role.runs_workers() {
+            return self.beat_every;
+        }
+        let Some(lease) = lease else {
+            return self.beat_every;
+        };
+        let left = lease
+            .expires_at_ms
+            .saturating_sub(breakwater_fleet::now_ms());
+        Duration::from_millis(left.saturating_add(20))
+            .clamp(Duration::from_millis(20), self.beat_every)
+    }
+
+    fn say_standing(&self, before: Standing, now: Standing, lease: &Option<Lease>) {
+        if before == now {
+            return;
+        }
+        if before == Standing::Fallback {
+            tracing::info!(
+                standing = now.as_str(),
+                "the fleet store answers again: this node rejoins the fleet"
+            );
+            metrics::gauge!(telemetry::FLEET_FALLBACK).set(0.0);
+        }
+        match now {
+            Standing::Leader => {
+                tracing::info!(node = %self.store.node(), "this node holds the controller lease: it evaluates the fleet's signals");
+            }
+            Standing::Follower if before == Standing::Leader => {
+                tracing::info!(holder = ?lease.as_ref().map(|l| &l.holder), "this node no longer holds the controller lease");
+            }
+            _ => {}
+        }
+        metrics::gauge!(telemetry::FLEET_LEADER).set(if now == Standing::Leader {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    /// Follows every record published, until `stop`; subscribes again when
+    /// the feed breaks (the beat's read covers the gap).
+    async fn follow_changes(
+        store: Arc<RedisFleet>,
+        controller: Arc<Controller>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            match store.changes().await {
+                Ok(mut changes) => loop {
+                    tokio::select! {
+                        next = changes.next() => match next {
+                            Some(record) => controller.follow(&record),
+                            None => break,
+                        },
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                },
+                Err(e) => tracing::debug!(error = %e, "the fleet's change feed is down; retrying"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(FEED_RETRY) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}
+
+/// The fleet as `GET /breaker` and `breakwater fleet status` show it: the
+/// lease holder, the shared record, every node from its latest beat
+/// (newest first).
+pub fn fleet_info(view: &FleetView, prefix: &str) -> FleetInfo {
+    let now_ms = breakwater_fleet::now_ms();
+    let holder = view.lease.as_ref().map(|l| l.holder.clone());
+    let mut nodes: Vec<FleetNode> = view
+        .beats
+        .iter()
+        .map(|b| FleetNode {
+            node: b.node.clone(),
+            role: match b.role {
+                NodeRole::Ingress => "ingress",
+                NodeRole::Worker => "worker",
+                NodeRole::All => "all",
+            }
+            .to_owned(),
+            state: b.state,
+            last_beat_ms_ago: now_ms.saturating_sub(b.at_ms),
+            slots: b.slots.len(),
+            lock_waits: b.lock_waits(),
+            lock_targets: b
+                .slots
+                .iter()
+                .filter(|s| s.state == SlotState::DbLockWait)
+                .filter_map(|s| s.lock_target.clone())
+                .collect(),
+            fallback: b.fallback,
+            leader: holder.as_deref() == Some(b.node.as_str()),
+        })
+        .collect();
+    nodes.sort_by(|a, b| {
+        a.last_beat_ms_ago
+            .cmp(&b.last_beat_ms_ago)
+            .then_with(|| a.node.cmp(&b.node))
+    });
+    FleetInfo {
+        node: None,
+        standing: None,
+        fallback: false,
+        prefix: prefix.to_owned(),
+        lease_holder: holder,
+        state: view.record.as_ref().map(|r| r.breaker.state),
+        generation: view.record.as_ref().map(|r| r.generation),
+        nodes,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
