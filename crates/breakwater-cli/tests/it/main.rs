@@ -7,6 +7,7 @@
 mod cli;
 mod crash;
 mod doctor;
+mod fleet;
 mod forward;
 mod ingress;
 mod kafka;

@@ -210,10 +210,12 @@ impl Server {
             }
         });
         let (mut ingress, mut admin) = (None, None);
+        // A worker-only process binds no ingress.
+        let wants_ingress = role != "worker";
         let mut workers = !wait_for_workers;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let mut seen = Vec::new();
-        while ingress.is_none() || admin.is_none() || !workers {
+        while (wants_ingress && ingress.is_none()) || admin.is_none() || !workers {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
                 let _ = child.kill();
@@ -232,10 +234,13 @@ impl Server {
                 workers = true;
             }
         }
+        let admin = admin.expect("admin addr");
         Self {
             child,
-            ingress: ingress.expect("ingress addr"),
-            admin: admin.expect("admin addr"),
+            // A worker has no ingress: its `url()` reaches the admin
+            // listener, which takes no webhooks.
+            ingress: ingress.unwrap_or(admin),
+            admin,
             log: rx,
             startup: seen,
         }
