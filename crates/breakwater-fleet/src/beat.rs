@@ -78,6 +78,17 @@ impl NodeBeat {
     }
 }
 
+/// A hot-key park announced to the fleet: `node` parked `key` for
+/// `park_ms` after a lock failure (0: its probe went through, the key is
+/// free again). Brokers that cannot route a key to one worker use it so a
+/// key parked on one node is parked on all.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPark {
+    pub node: String,
+    pub key: String,
+    pub park_ms: u64,
+}
+
 /// The controller lease's value: `<node> <expires at, Unix ms>`. The
 /// expiry rides in the value so a follower knows when to try for the lease
 /// without asking Redis for its TTL.

@@ -30,6 +30,11 @@ impl Keys {
         format!("{}:breaker:changes", self.prefix)
     }
 
+    /// The channel hot-key parks are announced on.
+    pub fn key_parks(&self) -> String {
+        format!("{}:keys:parked", self.prefix)
+    }
+
     /// The controller lease: `<node> <expires at, Unix ms>`, with a TTL.
     pub fn lease(&self) -> String {
         format!("{}:lease", self.prefix)
@@ -72,6 +77,7 @@ mod tests {
             k.probes(3),
             k.probe_successes(3),
             k.probe_ids(),
+            k.key_parks(),
         ] {
             assert!(name.starts_with("bw:orders:"), "{name}");
             assert!(!name.starts_with("bw:orders::"), "{name}");

@@ -16,6 +16,7 @@
 //! | `<prefix>:nodes` | hash | node id -> its latest beat (JSON); a beat older than the heartbeat TTL is not live |
 //! | `<prefix>:probes:<period>` | sorted set | probe slots held in a half-open period, scored by expiry (the Redis server's clock) |
 //! | `<prefix>:probes:<period>:ok` | counter | probe successes in that period, fleet-wide |
+//! | `<prefix>:keys:parked` | channel | hot-key parks and their ends, so a key parked on one node is parked on all |
 //!
 //! Cost: one beat per node per second is one `EVALSHA` running `HSET` and
 //! `MGET` (the lease holder adds `SET` and `HGETALL`); transitions and
@@ -26,6 +27,6 @@ pub mod keys;
 pub mod scripts;
 pub mod store;
 
-pub use beat::{Lease, NodeBeat, NodeRole, SlotBeat, SlotState};
+pub use beat::{KeyPark, Lease, NodeBeat, NodeRole, SlotBeat, SlotState};
 pub use keys::Keys;
 pub use store::{FleetError, FleetView, RedisFleet, SyncAnswer, now_ms};

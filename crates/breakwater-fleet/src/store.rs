@@ -16,7 +16,7 @@ use futures_util::stream::BoxStream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
-use crate::beat::{Lease, NodeBeat};
+use crate::beat::{KeyPark, Lease, NodeBeat};
 use crate::keys::Keys;
 use crate::scripts;
 
@@ -214,6 +214,41 @@ impl RedisFleet {
                     .ok()
                     .and_then(|p| parse_record(&p));
                 std::future::ready(record)
+            })
+            .boxed())
+    }
+
+    /// Announces a hot-key park (or its end, `park_ms` 0) to the fleet.
+    pub async fn publish_key_park(&self, park: &KeyPark) -> Result<(), CoordinationError> {
+        let json = serde_json::to_string(park).map_err(unavailable)?;
+        let _: i64 = self
+            .conn
+            .clone()
+            .publish(self.keys.key_parks(), json)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The hot-key parks announced by any node (this one's included): a
+    /// stream that ends when the connection is lost.
+    pub async fn key_parks(&self) -> Result<BoxStream<'static, KeyPark>, CoordinationError> {
+        let mut pubsub = tokio::time::timeout(RESPONSE_TIMEOUT, self.client.get_async_pubsub())
+            .await
+            .map_err(unavailable)?
+            .map_err(unavailable)?;
+        tokio::time::timeout(RESPONSE_TIMEOUT, pubsub.subscribe(self.keys.key_parks()))
+            .await
+            .map_err(unavailable)?
+            .map_err(unavailable)?;
+        Ok(pubsub
+            .into_on_message()
+            .filter_map(|msg| {
+                let park = msg
+                    .get_payload::<String>()
+                    .ok()
+                    .and_then(|p| serde_json::from_str(&p).ok());
+                std::future::ready(park)
             })
             .boxed())
     }

@@ -254,3 +254,21 @@ async fn a_redis_that_is_not_there_is_an_error_not_a_hang() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_key_park_reaches_every_subscriber() {
+    let p = Prefix::new();
+    let (a, b) = (p.node("a"), p.node("b"));
+    let mut parks = b.key_parks().await.expect("subscribe");
+    let park = breakwater_fleet::KeyPark {
+        node: "a".into(),
+        key: "order-1042".into(),
+        park_ms: 500,
+    };
+    a.publish_key_park(&park).await.expect("publish");
+    let got = tokio::time::timeout(Duration::from_secs(2), parks.next())
+        .await
+        .expect("delivered")
+        .expect("a park");
+    assert_eq!(got, park);
+}

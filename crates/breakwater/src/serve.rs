@@ -591,12 +591,18 @@ pub async fn start_with(
             Arc::clone(&sink),
             stop_rx.clone(),
         )));
-        workers = Some(Workers::start(
+        let shared_parks = fleet.as_ref().map(|link| {
+            let (shared, handles) = link.share_parks(stop_rx.clone());
+            tasks.extend(handles);
+            shared
+        });
+        workers = Some(Workers::start_in_fleet(
             Arc::clone(&queue),
             sink,
             Arc::clone(controller),
             worker_settings(config),
             parked,
+            shared_parks,
         ));
         tracing::info!(
             max_concurrency = config.workers.max_concurrency,

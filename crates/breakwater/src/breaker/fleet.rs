@@ -10,6 +10,11 @@
 //!   lapse, so a dead holder is replaced within the lease time.
 //! - **The change feed**: every record stored is published; each node
 //!   follows it at once (the per-message gate reads only the local copy).
+//! - **Hot-key parks**: a key the lanes park after a lock failure is
+//!   announced, and every other node parks it too until the parking node
+//!   says its probe went through (or a grace of `park_cap` after the park
+//!   passes), so on a broker that spreads one key's messages over the
+//!   workers only one node probes a locked row.
 //! - **Fallback**: a beat that fails puts the node on its own breaker, said
 //!   once in the log, in `breakwater_fleet_fallback` and in `GET /breaker`;
 //!   webhooks keep flowing. The first beat that succeeds rejoins.
@@ -20,12 +25,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use breakwater_admin_api::{FleetInfo, FleetNode};
-use breakwater_fleet::{FleetView, Lease, NodeRole, RedisFleet, SlotState};
+use breakwater_fleet::{FleetView, KeyPark, Lease, NodeRole, RedisFleet, SlotState};
 use futures_util::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 use super::controller::{Controller, Standing};
 use crate::telemetry;
+use crate::worker::{RemotePark, SharedParks};
 
 /// A node's beat older than this is removed from the store.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -234,6 +241,79 @@ impl FleetLink {
         } else {
             0.0
         });
+    }
+
+    /// Shares this node's hot-key parks with the fleet and takes the other
+    /// nodes' (for the dispatcher), until `stop`: a key parked on one node
+    /// is parked on all, and of nodes that parked one key at once, the one
+    /// with the smallest id keeps probing it. Returns the dispatcher's end
+    /// and the two tasks.
+    pub fn share_parks(
+        self: &Arc<Self>,
+        mut stop: watch::Receiver<bool>,
+    ) -> (SharedParks, [JoinHandle<()>; 2]) {
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<(String, Duration)>();
+        let (in_tx, in_rx) = mpsc::unbounded_channel();
+        let store = Arc::clone(&self.store);
+        let mut stop_publishing = stop.clone();
+        let publisher = tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    next = out_rx.recv() => next,
+                    _ = stop_publishing.wait_for(|s| *s) => None,
+                };
+                let Some((key, park)) = next else { break };
+                let park = KeyPark {
+                    node: store.node().to_owned(),
+                    key,
+                    park_ms: u64::try_from(park.as_millis()).unwrap_or(u64::MAX),
+                };
+                if let Err(e) = store.publish_key_park(&park).await {
+                    tracing::debug!(error = %e, "a key park was not shared with the fleet");
+                }
+            }
+        });
+        let store = Arc::clone(&self.store);
+        let subscriber = tokio::spawn(async move {
+            let me = store.node().to_owned();
+            loop {
+                match store.key_parks().await {
+                    Ok(mut parks) => loop {
+                        tokio::select! {
+                            next = parks.next() => match next {
+                                Some(p) if p.node != me => {
+                                    let remote = RemotePark {
+                                        keep_own: me < p.node,
+                                        park: Duration::from_millis(p.park_ms),
+                                        key: p.key,
+                                    };
+                                    if in_tx.send(remote).is_err() {
+                                        return;
+                                    }
+                                }
+                                Some(_) => {}
+                                None => break,
+                            },
+                            _ = stop.wait_for(|s| *s) => return,
+                        }
+                    },
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the fleet's key parks feed is down; retrying")
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(FEED_RETRY) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        });
+        (
+            SharedParks {
+                outgoing: out_tx,
+                incoming: in_rx,
+            },
+            [publisher, subscriber],
+        )
     }
 
     /// Follows every record published, until `stop`; subscribes again when

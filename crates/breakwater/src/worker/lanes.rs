@@ -59,6 +59,9 @@ pub struct Next<T> {
     pub release: Vec<(T, Duration)>,
     /// Set when this outcome parked the key, for logging.
     pub parked_for: Option<Duration>,
+    /// Set when this success ended a park of the key (its probe went
+    /// through): a fleet tells the other nodes.
+    pub unparked: bool,
 }
 
 impl<T> Default for Next<T> {
@@ -67,6 +70,7 @@ impl<T> Default for Next<T> {
             run: Vec::new(),
             release: Vec::new(),
             parked_for: None,
+            unparked: false,
         }
     }
 }
@@ -75,6 +79,9 @@ impl<T> Default for Next<T> {
 struct Park {
     until: Instant,
     strikes: u32,
+    /// Parked because another node of the fleet parked it: that node probes
+    /// the key, this one waits for it to say the key is free again.
+    elsewhere: bool,
 }
 
 /// Settings of the lanes.
@@ -271,7 +278,7 @@ impl<T> Lanes<T> {
         }
         match outcome {
             LaneOutcome::Success => {
-                self.parked.remove(key);
+                next.unparked = self.parked.remove(key).is_some_and(|p| !p.elsewhere);
             }
             LaneOutcome::LockFailure => {
                 let strikes = self.parked.get(key).map_or(0, |p| p.strikes) + 1;
@@ -285,6 +292,7 @@ impl<T> Lanes<T> {
                     Park {
                         until: now + park,
                         strikes,
+                        elsewhere: false,
                     },
                 );
                 next.parked_for = Some(park);
@@ -315,6 +323,63 @@ impl<T> Lanes<T> {
             }
         }
         next
+    }
+
+    /// Another node of the fleet parked `key` for `park`: this node parks
+    /// it too, for `park` and `grace` more (the other node probes the key
+    /// meanwhile and says again if it parks it again), unless this node
+    /// parked the key itself and keeps it (`keep_own`: of two nodes that
+    /// parked one key at once, one keeps probing it, the other yields).
+    /// Returns the messages to hand back, as a park of this node's own
+    /// would.
+    pub fn park_elsewhere(
+        &mut self,
+        key: &str,
+        park: Duration,
+        grace: Duration,
+        keep_own: bool,
+        now: Instant,
+    ) -> Vec<(T, Duration)> {
+        if self.settings.per_key == 0 {
+            return Vec::new();
+        }
+        let own = self
+            .parked
+            .get(key)
+            .filter(|p| p.until > now && !p.elsewhere);
+        if own.is_some() && keep_own {
+            return Vec::new();
+        }
+        let until = now + park + grace;
+        let strikes = self.parked.get(key).map_or(0, |p| p.strikes);
+        let until = self.parked.get(key).map_or(until, |p| p.until.max(until));
+        self.parked.insert(
+            key.to_owned(),
+            Park {
+                until,
+                strikes,
+                elsewhere: true,
+            },
+        );
+        if self.settings.hold_parked {
+            return Vec::new();
+        }
+        let left = until - now;
+        match self.waiting.remove(key) {
+            Some(queue) => {
+                self.held -= queue.len();
+                queue.into_iter().map(|t| (t, left)).collect()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The node that parked `key` saw it succeed: a park this node took
+    /// from it ends.
+    pub fn unpark_elsewhere(&mut self, key: &str) {
+        if self.parked.get(key).is_some_and(|p| p.elsewhere) {
+            self.parked.remove(key);
+        }
     }
 
     /// A message `finish` handed out to run will not run after all (the
@@ -467,6 +532,54 @@ mod tests {
         assert_eq!(l.admit(Some("k"), 10, t), Admit::Run(10));
         let next = l.finish(Some("k"), LaneOutcome::LockFailure, t);
         assert_eq!(next.parked_for, Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn a_key_parked_elsewhere_waits_here_until_the_other_node_frees_it() {
+        let t = Instant::now();
+        let mut l = lanes();
+        let (park, grace) = (Duration::from_millis(500), Duration::from_secs(4));
+        assert!(l.park_elsewhere("k", park, grace, false, t).is_empty());
+        assert!(!l.can_run(Some("k"), t));
+        assert!(matches!(l.admit(Some("k"), 1, t), Admit::Release(1, _)));
+        // Past the other node's park, still parked: it probes, not this one.
+        assert!(!l.can_run(Some("k"), t + park + Duration::from_millis(1)));
+        // It says the key is free.
+        l.unpark_elsewhere("k");
+        assert!(l.can_run(Some("k"), t));
+        // If it goes silent, the park lapses after the grace.
+        l.park_elsewhere("k", park, grace, false, t);
+        assert!(l.can_run(Some("k"), t + park + grace));
+    }
+
+    #[test]
+    fn of_two_nodes_that_parked_one_key_one_keeps_probing() {
+        let t = Instant::now();
+        let mut l = lanes();
+        assert_eq!(l.admit(Some("k"), 1, t), Admit::Run(1));
+        assert_eq!(l.admit(Some("k"), 2, t), Admit::Held);
+        let next = l.finish(Some("k"), LaneOutcome::LockFailure, t);
+        assert!(next.parked_for.is_some());
+        let grace = Duration::from_secs(4);
+        // This node keeps its own park: nothing changes.
+        assert!(
+            l.park_elsewhere("k", Duration::from_secs(1), grace, true, t)
+                .is_empty()
+        );
+        l.unpark_elsewhere("k");
+        assert!(!l.can_run(Some("k"), t), "its own park stands");
+        // It yields: the other node's park replaces it, and its own probe
+        // no longer comes when its park would have ended.
+        l.park_elsewhere("k", Duration::from_secs(1), grace, false, t);
+        assert!(!l.can_run(Some("k"), t + Duration::from_secs(2)));
+        // A success after its own park says so; after a park taken from
+        // elsewhere it does not.
+        let mut own = lanes();
+        assert_eq!(own.admit(Some("j"), 1, t), Admit::Run(1));
+        own.finish(Some("j"), LaneOutcome::LockFailure, t);
+        let later = t + Duration::from_secs(5);
+        assert_eq!(own.admit(Some("j"), 2, later), Admit::Run(2));
+        assert!(own.finish(Some("j"), LaneOutcome::Success, later).unparked);
     }
 
     #[test]

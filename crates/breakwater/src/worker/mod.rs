@@ -203,6 +203,29 @@ fn spread_release(delay: Duration, receives: u32, cap: Duration) -> Duration {
 /// Parked keys, shared with the admin API.
 pub type ParkedKeys = Arc<Mutex<Vec<ParkedKey>>>;
 
+/// A hot-key park another node of the fleet announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemotePark {
+    pub key: String,
+    /// How long that node parked it; zero: its probe went through, the key
+    /// is free again.
+    pub park: Duration,
+    /// Whether this node keeps probing the key should it have parked the
+    /// key itself too (of two nodes, one yields; see
+    /// [`lanes::Lanes::park_elsewhere`]).
+    pub keep_own: bool,
+}
+
+/// Hot-key parks shared with the fleet, for a broker that cannot route one
+/// key's messages to one worker: what this node's lanes park goes out
+/// (key, park; zero when a park ended in a success), what other nodes park
+/// comes in, so a key parked on one node is parked on all.
+#[derive(Debug)]
+pub struct SharedParks {
+    pub outgoing: tokio::sync::mpsc::UnboundedSender<(String, Duration)>,
+    pub incoming: tokio::sync::mpsc::UnboundedReceiver<RemotePark>,
+}
+
 /// Running workers.
 pub struct Workers {
     stop: watch::Sender<bool>,
@@ -218,6 +241,18 @@ impl Workers {
         controller: Arc<Controller>,
         settings: WorkerSettings,
         parked: ParkedKeys,
+    ) -> Self {
+        Self::start_in_fleet(queue, sink, controller, settings, parked, None)
+    }
+
+    /// [`Workers::start`], sharing hot-key parks with a fleet.
+    pub fn start_in_fleet(
+        queue: Arc<dyn Queue>,
+        sink: Arc<dyn Sink>,
+        controller: Arc<Controller>,
+        settings: WorkerSettings,
+        parked: ParkedKeys,
+        shared_parks: Option<SharedParks>,
     ) -> Self {
         let capabilities = queue.capabilities();
         let filters_keys = capabilities.filters_keys;
@@ -249,6 +284,7 @@ impl Workers {
             parked: Arc::clone(&parked),
             flow_set_for: None,
             filters_keys,
+            shared_parks,
         };
         let task = tokio::spawn(dispatcher.run(stop_rx));
         Self { stop, task }
@@ -280,6 +316,8 @@ struct Dispatcher {
     /// what a lane cannot run comes back, and comes back less often each
     /// time ([`spread_release`]).
     filters_keys: bool,
+    /// Hot-key parks shared with the fleet, if any.
+    shared_parks: Option<SharedParks>,
 }
 
 impl Dispatcher {
@@ -288,6 +326,7 @@ impl Dispatcher {
         let mut last_extend = Instant::now();
         while !*stop.borrow() {
             self.reap();
+            self.take_remote_parks();
             if last_park_publish.elapsed() > Duration::from_millis(250) {
                 last_park_publish = Instant::now();
                 self.publish_parks();
@@ -490,6 +529,13 @@ impl Dispatcher {
             Err(_) => LaneOutcome::Other,
         };
         let next = self.lanes.finish(key.as_deref(), lane_outcome, now);
+        if let (Some(key), Some(shared)) = (&key, &self.shared_parks) {
+            if let Some(park) = next.parked_for {
+                let _ = shared.outgoing.send((key.clone(), park));
+            } else if next.unparked {
+                let _ = shared.outgoing.send((key.clone(), Duration::ZERO));
+            }
+        }
         let m = &job.delivery.message;
         let receipt = job.delivery.receipt.clone();
         let count = |outcome: &'static str| {
@@ -572,6 +618,38 @@ impl Dispatcher {
         }
         let may_start = self.controller.gate().may_poll;
         self.start_next(next, may_start);
+    }
+
+    /// Parks what other nodes of the fleet parked (their messages here go
+    /// back untried, as for a park of this node's own), and frees what they
+    /// freed.
+    fn take_remote_parks(&mut self) {
+        let mut parks = Vec::new();
+        if let Some(shared) = &mut self.shared_parks {
+            while let Ok(p) = shared.incoming.try_recv() {
+                parks.push(p);
+            }
+        }
+        let now = Instant::now();
+        let grace = self.settings.lanes.park_cap;
+        for p in parks {
+            if p.park.is_zero() {
+                self.lanes.unpark_elsewhere(&p.key);
+                continue;
+            }
+            let release = self
+                .lanes
+                .park_elsewhere(&p.key, p.park, grace, p.keep_own, now);
+            tracing::debug!(key = %p.key, park_ms = p.park.as_millis() as u64,
+                released = release.len(), "key parked by another node of the fleet");
+            self.start_next(
+                lanes::Next {
+                    release,
+                    ..lanes::Next::default()
+                },
+                false,
+            );
+        }
     }
 
     /// Starts what a lane let go (with `may_start`; else frees the lane
