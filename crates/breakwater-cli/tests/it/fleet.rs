@@ -516,10 +516,7 @@ async fn half_open_runs_exactly_n_probes_across_the_fleet() {
         assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
         f.wait_for_state("half_open", Instant::now(), Duration::from_secs(5))
             .await;
-        let waiting = || async {
-            let row = locker_count(&f.db.name).await;
-            row
-        };
+        let waiting = || locker_count(&f.db.name);
         let deadline = Instant::now() + Duration::from_secs(10);
         while waiting().await < i64::from(n) {
             assert!(Instant::now() < deadline, "{n} probes never started");
