@@ -526,13 +526,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                 if let Some(r) = self.first_trip(now) {
                     return Some(self.go(State::Open, r, now));
                 }
-                let timeout = Duration::from_millis(self.cfg.half_open.probe_timeout_ms);
-                let oldest = self.admission.oldest_outstanding(self.period)?;
-                let waited = now.saturating_duration_since(oldest);
-                (waited >= timeout).then(|| {
-                    let waited_ms = millis(waited);
-                    self.go(State::Open, Reason::ProbeTimedOut { waited_ms }, now)
-                })
+                self.probe_timeout(now)
             }
             State::Ramping => {
                 if let Some(r) = self.first_trip(now) {
@@ -553,6 +547,23 @@ impl<A: ProbeAdmission> Breaker<A> {
             }
             State::Closed => self.first_trip(now).map(|r| self.go(State::Open, r, now)),
         }
+    }
+
+    /// Half-open with a probe of this breaker's own unanswered past
+    /// `probe_timeout_ms`: re-opens. Part of [`Breaker::evaluate`]; a fleet
+    /// node that does not evaluate (a follower) calls it alone, since only
+    /// it knows its probes.
+    pub fn probe_timeout(&mut self, now: Instant) -> Option<Transition> {
+        if self.state != State::HalfOpen || self.manual.is_some() {
+            return None;
+        }
+        let timeout = Duration::from_millis(self.cfg.half_open.probe_timeout_ms);
+        let oldest = self.admission.oldest_outstanding(self.period)?;
+        let waited = now.saturating_duration_since(oldest);
+        (waited >= timeout).then(|| {
+            let waited_ms = millis(waited);
+            self.go(State::Open, Reason::ProbeTimedOut { waited_ms }, now)
+        })
     }
 
     // ---- manual override ----------------------------------------------

@@ -853,12 +853,18 @@ impl Controller {
 
     /// One evaluation: the slots' heartbeats, then the breaker's rules.
     /// Only where the node evaluates (alone, the lease holder, or on local
-    /// fallback); a follower takes the holder's decisions.
+    /// fallback); a follower takes the holder's decisions, and only times
+    /// out its own probes.
     fn evaluate(&self) {
+        let now = Instant::now();
         if !self.standing().evaluates() {
+            // A follower's own probes are its to time out.
+            let t = self.breaker().probe_timeout(now);
+            if let Some(t) = t {
+                self.announce(&t);
+            }
             return;
         }
-        let now = Instant::now();
         let beats = self.slots.heartbeats(now);
         let t = {
             let mut b = self.breaker();
@@ -1077,6 +1083,7 @@ mod tests {
         config.cool_down.base_ms = 20;
         config.cool_down.cap_ms = 20;
         config.cool_down.jitter = 0.0;
+        config.half_open.probe_timeout_ms = 200;
         let c = Controller::with_coordination(config, 4, coordination).expect("controller");
         c.record(Outcome::dependency(Duration::from_millis(5)), None);
         c.evaluate();
@@ -1085,6 +1092,23 @@ mod tests {
         c.evaluate();
         assert_eq!(c.gate().state, State::HalfOpen);
         c
+    }
+
+    #[tokio::test]
+    async fn a_follower_times_out_its_own_probe_and_nothing_else() {
+        let c = half_open(Coordination::local()).await;
+        c.set_standing(Standing::Follower);
+        let _probe = c.try_admit_probe().await.expect("a probe");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.evaluate();
+        assert_eq!(c.gate().state, State::HalfOpen, "not yet");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        c.evaluate();
+        assert_eq!(c.gate().state, State::Open, "its probe timed out");
+        // Open, a follower waits out no cool-down: the holder ends it.
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        c.evaluate();
+        assert_eq!(c.gate().state, State::Open);
     }
 
     #[tokio::test]
