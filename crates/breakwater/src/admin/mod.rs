@@ -14,8 +14,11 @@
 //! - `GET /healthz`.
 //!
 //! An ingress-only process runs no breaker (its ingress never consults
-//! one): its `/breaker` says the breaker runs with the workers, and trip
-//! and reset answer 409 `no_breaker`.
+//! one): outside a fleet its `/breaker` says the breaker runs with the
+//! workers, and trip and reset answer 409 `no_breaker`; in a fleet
+//! (`[fleet]`) it follows the fleet's breaker, so `/breaker` shows it and
+//! a trip or reset there is the fleet's. With `[fleet]`, `/breaker` adds
+//! the fleet view (nodes, lease holder, this node's standing).
 //!
 //! Requests a browser could be made to send are refused ([`guard`]: a
 //! cross-site write, a form's content type, a `Host` that is not this

@@ -1,7 +1,8 @@
 //! The breaker as the service runs it: [`controller`] owns the pure
 //! breaker of `breakwater-control`, feeds it the sampled signals, publishes
 //! its gate and logs every transition. Only a process that runs workers
-//! has one; an ingress-only process never waits on the breaker.
+//! has one, and any process of a fleet (an ingress node follows the
+//! fleet's for its admin API); an ingress never waits on the breaker.
 //!
 //! The controller shares its breaker through the async seams of
 //! `breakwater_control::coordination` ([`Coordination`]): after every

@@ -421,6 +421,30 @@ mod tests {
     }
 
     #[test]
+    fn a_fleet_table_is_read_checked_and_its_url_redacted() {
+        let c =
+            parse("[fleet]\nredis_url = \"redis://:pw@10.0.0.5:6379\"\nprefix = \"bw:orders\"\n")
+                .expect("valid");
+        let fleet = c.fleet.as_ref().expect("fleet");
+        assert_eq!((fleet.beat_ms, fleet.lease_ms), (1_000, 3_000));
+        assert!(fleet.node().contains(':'), "hostname:pid, {}", fleet.node());
+        let shown = c.redacted().fleet.expect("fleet").redis_url;
+        assert!(!shown.contains("pw"), "{shown}");
+        assert!(
+            parse("").expect("defaults").fleet.is_none(),
+            "no fleet by default"
+        );
+
+        let err = parse("[fleet]\nredis_url = \"redis://x\"\nlease_ms = 1500\n").unwrap_err();
+        assert!(err.to_string().contains("fleet.lease_ms"), "{err}");
+        let err = parse("[fleet]\nredis_url = \"http://x\"\n").unwrap_err();
+        assert!(err.to_string().contains("fleet.redis_url"), "{err}");
+        let err = parse("[fleet]\nredis_url = \"redis://x\"\nprefixx = \"a\"\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("prefixx") && msg.contains("line 3"), "{msg}");
+    }
+
+    #[test]
     fn wrong_type_names_line() {
         let err = parse("[sink]\npool_max = \"many\"\n").unwrap_err();
         let msg = err.to_string();
