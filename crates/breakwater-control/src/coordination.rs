@@ -53,11 +53,33 @@ pub struct SharedBreaker {
     pub manual: Option<OverrideStatus>,
 }
 
+/// Which record a change was made on: the store's epoch (a store that lost
+/// its data, a Redis restarted empty, starts a new one, so generations
+/// counted from 1 again are not taken for old ones) and the generation
+/// within it. Compare-and-set keys on both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Version {
+    pub epoch: u64,
+    pub generation: u64,
+}
+
+impl Version {
+    /// Whether `other` is a later record than `self`: another epoch (the
+    /// store started anew), or a later generation of the same one.
+    pub fn is_superseded_by(&self, other: Version) -> bool {
+        other.epoch != self.epoch || other.generation > self.generation
+    }
+}
+
 /// The breaker's record as the fleet stores it.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct BreakerRecord {
-    /// Bumped by every change; compare-and-set keys on it.
+    /// Set by the first record of a store (see [`Version`]).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub epoch: u64,
+    /// Bumped by every change.
     pub generation: u64,
     /// The node that wrote it.
     pub node: String,
@@ -68,6 +90,14 @@ pub struct BreakerRecord {
 }
 
 impl BreakerRecord {
+    /// Its epoch and generation.
+    pub fn version(&self) -> Version {
+        Version {
+            epoch: self.epoch,
+            generation: self.generation,
+        }
+    }
+
     /// The view aged to `now_ms` (Unix milliseconds): time in state grows,
     /// an override's time left shrinks. A writer's clock ahead of the
     /// reader's ages nothing.
@@ -96,12 +126,13 @@ pub trait BreakerStore: Send + Sync {
     /// The record as the fleet sees it; `None` before the first.
     async fn load(&self) -> Result<Option<BreakerRecord>, CoordinationError>;
 
-    /// Stores `record` only if the stored generation is still `expected`
-    /// (`None`: no record yet). Returns whether it did; `false` means
-    /// another node moved first, and the caller should load and follow.
+    /// Stores `record` only if the stored record's version is still
+    /// `expected` (`None`: no record yet). Returns whether it did; `false`
+    /// means another node moved first, and the caller should load and
+    /// follow.
     async fn compare_and_set(
         &self,
-        expected: Option<u64>,
+        expected: Option<Version>,
         record: BreakerRecord,
     ) -> Result<bool, CoordinationError>;
 }
@@ -155,11 +186,11 @@ impl BreakerStore for LocalBreakerStore {
 
     async fn compare_and_set(
         &self,
-        expected: Option<u64>,
+        expected: Option<Version>,
         record: BreakerRecord,
     ) -> Result<bool, CoordinationError> {
         let mut held = self.record.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.as_ref().map(|r| r.generation) != expected {
+        if held.as_ref().map(BreakerRecord::version) != expected {
             return Ok(false);
         }
         *held = Some(record);
@@ -240,6 +271,7 @@ mod tests {
 
     fn record(generation: u64, state: State) -> BreakerRecord {
         BreakerRecord {
+            epoch: 7,
             generation,
             node: "a".into(),
             written_at_ms: 1_000,
@@ -296,10 +328,26 @@ mod tests {
             now(store.compare_and_set(None, record(1, State::Closed))),
             Ok(false)
         );
+        let v = |generation| Version {
+            epoch: 7,
+            generation,
+        };
         assert_eq!(
-            now(store.compare_and_set(Some(1), record(2, State::HalfOpen))),
+            now(store.compare_and_set(Some(v(1)), record(2, State::HalfOpen))),
             Ok(true)
         );
+        // The same generation of another epoch is another record.
+        let other_epoch = Version {
+            epoch: 8,
+            generation: 2,
+        };
+        assert_eq!(
+            now(store.compare_and_set(Some(other_epoch), record(3, State::Open))),
+            Ok(false)
+        );
+        assert!(v(2).is_superseded_by(other_epoch));
+        assert!(v(2).is_superseded_by(v(3)));
+        assert!(!v(2).is_superseded_by(v(2)));
         assert_eq!(now(store.load()), Ok(Some(record(2, State::HalfOpen))));
     }
 

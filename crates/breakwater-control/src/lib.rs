@@ -77,7 +77,7 @@ pub use config::{
 pub use contention::KeyContention;
 pub use coordination::{
     BreakerRecord, BreakerStore, CoordinationError, LocalBreakerStore, LocalProbeSlots, ProbeSlot,
-    ProbeSlots, SharedBreaker,
+    ProbeSlots, SharedBreaker, Version,
 };
 pub use gate::{GateSnapshot, SharedGate};
 pub use probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};

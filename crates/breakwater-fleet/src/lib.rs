@@ -29,4 +29,4 @@ pub mod store;
 
 pub use beat::{KeyPark, Lease, NodeBeat, NodeRole, SlotBeat, SlotState};
 pub use keys::Keys;
-pub use store::{FleetError, FleetView, RedisFleet, SyncAnswer, now_ms};
+pub use store::{FleetError, FleetView, RedisFleet, SyncAnswer, new_epoch, now_ms};

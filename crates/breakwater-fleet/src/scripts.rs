@@ -3,14 +3,18 @@
 //! commands it runs, since `INFO commandstats` counts those too.
 
 /// Compare-and-set of the breaker record, then the record published.
-/// KEYS: record. ARGV: expected generation ("" for no record), the new
-/// record (JSON), the channel. Returns 1 when stored. Commands: GET, and
-/// on success SET and PUBLISH.
+/// KEYS: record. ARGV: expected version as `epoch:generation` ("" for no
+/// record), the new record (JSON), the channel. Returns 1 when stored.
+/// Commands: GET, and on success SET and PUBLISH. (Epochs stay below 2^53,
+/// so Lua's numbers hold them exactly.)
 pub const COMPARE_AND_SET: &str = r"
 local cur = redis.call('GET', KEYS[1])
-local gen = ''
-if cur then gen = string.format('%d', cjson.decode(cur).generation) end
-if gen ~= ARGV[1] then return 0 end
+local version = ''
+if cur then
+  local r = cjson.decode(cur)
+  version = string.format('%d:%d', r.epoch or 0, r.generation)
+end
+if version ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[2])
 return 1

@@ -10,7 +10,9 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use breakwater_control::{BreakerRecord, BreakerStore, CoordinationError, ProbeSlot, ProbeSlots};
+use breakwater_control::{
+    BreakerRecord, BreakerStore, CoordinationError, ProbeSlot, ProbeSlots, Version,
+};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -91,6 +93,14 @@ fn unix_ms() -> u64 {
 /// Wall-clock milliseconds now (Unix), as records and beats carry them.
 pub fn now_ms() -> u64 {
     unix_ms()
+}
+
+/// A new store epoch, for the first record of a store: the time in
+/// microseconds, below 2^53 (exact in Lua) until the year 2255.
+pub fn new_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(1))
 }
 
 impl RedisFleet {
@@ -306,7 +316,7 @@ impl BreakerStore for RedisFleet {
 
     async fn compare_and_set(
         &self,
-        expected: Option<u64>,
+        expected: Option<Version>,
         record: BreakerRecord,
     ) -> Result<bool, CoordinationError> {
         let json = serde_json::to_string(&record).map_err(unavailable)?;
@@ -314,7 +324,7 @@ impl BreakerStore for RedisFleet {
             .scripts
             .compare_and_set
             .key(self.keys.record())
-            .arg(expected.map_or(String::new(), |g| g.to_string()))
+            .arg(expected.map_or(String::new(), |v| format!("{}:{}", v.epoch, v.generation)))
             .arg(json)
             .arg(self.keys.channel())
             .invoke_async(&mut self.conn.clone())

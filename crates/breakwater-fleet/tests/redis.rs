@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use breakwater_control::{
-    BreakerRecord, BreakerStore, OutcomeTally, ProbeSlots, Reason, SharedBreaker, State,
+    BreakerRecord, BreakerStore, OutcomeTally, ProbeSlots, Reason, SharedBreaker, State, Version,
 };
 use breakwater_fleet::{NodeBeat, NodeRole, RedisFleet, now_ms};
 use futures_util::StreamExt;
@@ -52,6 +52,7 @@ impl Drop for Prefix {
 
 fn record(generation: u64, node: &str, state: State) -> BreakerRecord {
     BreakerRecord {
+        epoch: 1,
         generation,
         node: node.into(),
         written_at_ms: now_ms(),
@@ -102,13 +103,27 @@ async fn the_record_changes_by_compare_and_set_and_every_change_is_published() {
             .await
             .expect("cas")
     );
+    let v = |generation| Version {
+        epoch: 1,
+        generation,
+    };
     assert!(
-        b.compare_and_set(Some(1), record(2, "b", State::HalfOpen))
+        b.compare_and_set(Some(v(1)), record(2, "b", State::HalfOpen))
             .await
             .expect("cas")
     );
     assert!(
-        !a.compare_and_set(Some(1), record(2, "a", State::Open))
+        !a.compare_and_set(Some(v(1)), record(2, "a", State::Open))
+            .await
+            .expect("cas")
+    );
+    // Generation 2 of another epoch is another record.
+    let other_epoch = Version {
+        epoch: 2,
+        generation: 2,
+    };
+    assert!(
+        !a.compare_and_set(Some(other_epoch), record(3, "a", State::Open))
             .await
             .expect("cas")
     );

@@ -693,6 +693,30 @@ async fn redis_down_mid_burst_loses_nothing_and_the_nodes_rejoin() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     f.wait_for_a_leader(Duration::from_secs(10)).await;
+    // Redis came back empty: the fleet's new record (a new epoch) is the
+    // one every node follows, so a trip reaches them all again.
+    let a = f
+        .http
+        .post(
+            &f.worker(1).admin_url("/breaker/trip?note=after-rejoin"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    f.wait_for_state("open", Instant::now(), Duration::from_secs(5))
+        .await;
+    let a = f
+        .http
+        .post(
+            &f.worker(2).admin_url("/breaker/reset?force_closed=true"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    f.wait_for_state("closed", Instant::now(), Duration::from_secs(5))
+        .await;
     for _ in 0..10 {
         let a = send(
             &f.http,

@@ -26,7 +26,7 @@
 //! separate lock-waiters signal).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -34,7 +34,7 @@ use breakwater_control::{
     Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
     Heartbeat, KeyContention, LocalBreakerStore, LocalProbeSlots, Outcome, OutcomeClass,
     OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, SharedBreaker, SharedGate,
-    SignalKind, State, Transition, WorkerState,
+    SignalKind, State, Transition, Version, WorkerState,
 };
 use breakwater_fleet::{NodeBeat, SlotBeat, SlotState};
 use breakwater_sink::Sink;
@@ -247,8 +247,64 @@ impl Standing {
 /// overwrites it).
 #[derive(Debug, Clone)]
 struct Pending {
-    based_on: Option<u64>,
+    based_on: Option<Version>,
     view: SharedBreaker,
+}
+
+/// A node's outcomes since it started, counted with atomic adds (one or
+/// two per outcome: the apply path takes no lock for it), read as an
+/// [`OutcomeTally`] for its heartbeat.
+#[derive(Debug)]
+struct Tally {
+    slow_after: Duration,
+    calls: AtomicU64,
+    failures: AtomicU64,
+    slow: AtomicU64,
+    permanent: AtomicU64,
+    contended: AtomicU64,
+}
+
+impl Tally {
+    fn new(slow_after: Duration) -> Self {
+        Self {
+            slow_after,
+            calls: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            slow: AtomicU64::new(0),
+            permanent: AtomicU64::new(0),
+            contended: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, o: Outcome) {
+        let bump = |c: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+        };
+        match o.class {
+            OutcomeClass::Permanent => bump(&self.permanent),
+            OutcomeClass::KeyContention => bump(&self.contended),
+            class => {
+                bump(&self.calls);
+                if class == OutcomeClass::Dependency {
+                    bump(&self.failures);
+                }
+                if o.latency > self.slow_after {
+                    bump(&self.slow);
+                }
+            }
+        }
+    }
+
+    fn read(&self) -> OutcomeTally {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        OutcomeTally {
+            calls: get(&self.calls),
+            failures: get(&self.failures),
+            slow: get(&self.slow),
+            permanent: get(&self.permanent),
+            contended: get(&self.contended),
+        }
+    }
 }
 
 /// What the lease holder knows of the other nodes.
@@ -276,13 +332,12 @@ pub struct Controller {
     /// The change to share next: the breaker as it stands after the latest
     /// local transition, stored by its own task by compare-and-set.
     pending: watch::Sender<Option<Pending>>,
-    /// The record generation this node follows (stored or adopted last).
-    applied: Mutex<Option<u64>>,
+    /// The record this node follows (stored or adopted last).
+    applied: Mutex<Option<Version>>,
     /// Where this node stands in its fleet ([`Standing`] as a number).
     standing: AtomicU8,
     /// This node's outcomes since it started, for its fleet heartbeat.
-    tally: Mutex<OutcomeTally>,
-    slow_after: Duration,
+    tally: Tally,
     /// Other nodes' slots and tallies, as the lease holder last read them.
     fleet_nodes: Mutex<FleetNodes>,
     /// Itself, for the tasks it spawns.
@@ -336,8 +391,7 @@ impl Controller {
             pending: watch::channel(None).0,
             applied: Mutex::new(None),
             standing: AtomicU8::new(standing),
-            tally: Mutex::new(OutcomeTally::default()),
-            slow_after,
+            tally: Tally::new(slow_after),
             fleet_nodes: Mutex::new(FleetNodes::default()),
             me: me.clone(),
             contention: Mutex::new(KeyContention::default()),
@@ -367,7 +421,7 @@ impl Controller {
     /// Reports a finished apply.
     pub fn record(&self, outcome: Outcome, probe: Option<Probe>) {
         let now = Instant::now();
-        lock(&self.tally).add(outcome, self.slow_after);
+        self.tally.add(outcome);
         let t = {
             let mut b = self.breaker();
             match probe {
@@ -632,10 +686,10 @@ impl Controller {
     pub fn follow(&self, record: &BreakerRecord) {
         {
             let mut applied = lock(&self.applied);
-            if applied.is_some_and(|g| g >= record.generation) {
+            if applied.is_some_and(|v| !v.is_superseded_by(record.version())) {
                 return;
             }
-            *applied = Some(record.generation);
+            *applied = Some(record.version());
         }
         let view = record.aged(breakwater_fleet::now_ms());
         let t = self.breaker().adopt(&view, Instant::now());
@@ -662,7 +716,7 @@ impl Controller {
 
     /// The generation of the record this node follows.
     pub fn applied_generation(&self) -> Option<u64> {
-        *lock(&self.applied)
+        lock(&self.applied).map(|v| v.generation)
     }
 
     /// Shares the breaker as it stands, though no transition asked for it
@@ -688,7 +742,7 @@ impl Controller {
             } else {
                 Vec::new()
             },
-            outcomes: *lock(&self.tally),
+            outcomes: self.tally.read(),
         }
     }
 
@@ -806,26 +860,37 @@ impl Controller {
         // At most twice: a second try only after finding this node's own
         // earlier change stored (two changes made on one generation).
         for _ in 0..2 {
-            let generation = expected.map_or(1, |g| g + 1);
+            // The first record of a store starts an epoch.
+            let version = expected.map_or_else(
+                || Version {
+                    epoch: breakwater_fleet::new_epoch(),
+                    generation: 1,
+                },
+                |v| Version {
+                    epoch: v.epoch,
+                    generation: v.generation + 1,
+                },
+            );
             let record = BreakerRecord {
-                generation,
+                epoch: version.epoch,
+                generation: version.generation,
                 node: self.coordination.node.clone(),
                 written_at_ms: breakwater_fleet::now_ms(),
                 breaker: pending.view.clone(),
             };
             if store.compare_and_set(expected, record).await? {
                 let mut applied = lock(&self.applied);
-                if applied.is_none_or(|g| g < generation) {
-                    *applied = Some(generation);
+                if applied.is_none_or(|v| v.is_superseded_by(version)) {
+                    *applied = Some(version);
                 }
                 return Ok(());
             }
             match store.load().await? {
                 Some(r)
                     if r.node == self.coordination.node
-                        && Some(r.generation) == self.applied_generation() =>
+                        && Some(r.version()) == *lock(&self.applied) =>
                 {
-                    expected = Some(r.generation);
+                    expected = Some(r.version());
                 }
                 Some(r) => {
                     tracing::info!(node = %r.node, generation = r.generation,
@@ -1204,6 +1269,34 @@ mod tests {
             State::Closed,
             "generation 1 was followed already"
         );
+    }
+
+    #[tokio::test]
+    async fn a_store_that_started_anew_is_followed_from_its_first_record() {
+        let (a, b, store) = two_nodes();
+        for _ in 0..3 {
+            a.trip("again and again", None);
+            shared(&a).await;
+        }
+        let old = store.load().await.expect("load").expect("stored");
+        assert_eq!(old.generation, 3);
+        b.follow(&old);
+        assert_eq!(b.gate().state, State::Open);
+        // Redis restarted empty; another node stored generation 1 of a new
+        // epoch, closed: b follows it, though 1 < 3.
+        let fresh = BreakerRecord {
+            epoch: old.epoch + 1,
+            generation: 1,
+            node: "c".into(),
+            written_at_ms: breakwater_fleet::now_ms(),
+            breaker: Controller::new(BreakerConfig::default(), 4)
+                .expect("controller")
+                .breaker()
+                .shared_view(Instant::now()),
+        };
+        b.follow(&fresh);
+        assert_eq!(b.gate().state, State::Closed);
+        assert_eq!(b.applied_generation(), Some(1));
     }
 
     #[tokio::test]
