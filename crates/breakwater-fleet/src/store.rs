@@ -17,6 +17,7 @@ use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
+use serde::de::DeserializeOwned;
 
 use crate::beat::{KeyPark, Lease, NodeBeat};
 use crate::keys::Keys;
@@ -208,24 +209,7 @@ impl RedisFleet {
     /// The records other nodes store, as they are stored: a stream that
     /// ends when the connection is lost (subscribe again to go on).
     pub async fn changes(&self) -> Result<BoxStream<'static, BreakerRecord>, CoordinationError> {
-        let mut pubsub = tokio::time::timeout(RESPONSE_TIMEOUT, self.client.get_async_pubsub())
-            .await
-            .map_err(unavailable)?
-            .map_err(unavailable)?;
-        tokio::time::timeout(RESPONSE_TIMEOUT, pubsub.subscribe(self.keys.channel()))
-            .await
-            .map_err(unavailable)?
-            .map_err(unavailable)?;
-        Ok(pubsub
-            .into_on_message()
-            .filter_map(|msg| {
-                let record = msg
-                    .get_payload::<String>()
-                    .ok()
-                    .and_then(|p| parse_record(&p));
-                std::future::ready(record)
-            })
-            .boxed())
+        self.subscribe(self.keys.channel()).await
     }
 
     /// Announces a hot-key park (or its end, `park_ms` 0) to the fleet.
@@ -243,22 +227,35 @@ impl RedisFleet {
     /// The hot-key parks announced by any node (this one's included): a
     /// stream that ends when the connection is lost.
     pub async fn key_parks(&self) -> Result<BoxStream<'static, KeyPark>, CoordinationError> {
+        self.subscribe(self.keys.key_parks()).await
+    }
+
+    /// The JSON messages of `channel`, read as `T` (one that cannot be read
+    /// is skipped, with a warning), on a connection of its own: a stream
+    /// that ends when that connection is lost.
+    async fn subscribe<T: DeserializeOwned + Send + 'static>(
+        &self,
+        channel: String,
+    ) -> Result<BoxStream<'static, T>, CoordinationError> {
         let mut pubsub = tokio::time::timeout(RESPONSE_TIMEOUT, self.client.get_async_pubsub())
             .await
             .map_err(unavailable)?
             .map_err(unavailable)?;
-        tokio::time::timeout(RESPONSE_TIMEOUT, pubsub.subscribe(self.keys.key_parks()))
+        tokio::time::timeout(RESPONSE_TIMEOUT, pubsub.subscribe(&channel))
             .await
             .map_err(unavailable)?
             .map_err(unavailable)?;
         Ok(pubsub
             .into_on_message()
-            .filter_map(|msg| {
-                let park = msg
+            .filter_map(move |msg| {
+                let read = msg
                     .get_payload::<String>()
-                    .ok()
-                    .and_then(|p| serde_json::from_str(&p).ok());
-                std::future::ready(park)
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| serde_json::from_str(&p).map_err(|e| e.to_string()));
+                if let Err(e) = &read {
+                    tracing::warn!(channel = %channel, error = %e, "a fleet message could not be read");
+                }
+                std::future::ready(read.ok())
             })
             .boxed())
     }

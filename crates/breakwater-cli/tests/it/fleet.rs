@@ -14,7 +14,7 @@ use breakwater_queue_kafka::KafkaQueue;
 use breakwater_queue_rabbitmq::RabbitMqQueue;
 use http::StatusCode;
 
-use crate::orders::{BrokerQueue, applied, orders_db, send, wait_for_applied};
+use crate::orders::{BrokerQueue, applied, order_paid, orders_db, send, wait_for_applied};
 use crate::pg::ScratchDb;
 use crate::utils::*;
 use crate::worker::sink_config;
@@ -215,6 +215,12 @@ impl Fleet {
             .collect()
     }
 
+    /// `POST path` on `node`'s admin API, which must answer 200.
+    async fn admin_post(&self, node: &Server, path: &str) {
+        let a = self.http.post(&node.admin_url(path), &[], Vec::new()).await;
+        assert_eq!(a.status, StatusCode::OK, "{path}: {:?}", a.body);
+    }
+
     async fn breaker(&self, node: &Server) -> serde_json::Value {
         let a = self.http.get(&node.admin_url("/breaker")).await;
         assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
@@ -292,6 +298,48 @@ impl Fleet {
         }
     }
 
+    /// Waits until every node's `GET /breaker` says `fleet.fallback` is
+    /// `fallback`.
+    async fn wait_for_fallback(&self, fallback: bool, since: Instant, within: Duration) {
+        loop {
+            let mut all = true;
+            for node in self.nodes() {
+                all &= self.breaker(node).await["fleet"]["fallback"] == fallback;
+            }
+            if all {
+                return;
+            }
+            assert!(
+                since.elapsed() < within,
+                "not every node has fallback = {fallback} within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Sends webhooks `evt_<tag>_<i>` for i in `from..from + n` (orders
+    /// 1-50) through the ingress, `pause` apart, each answered 202; returns
+    /// `from + n`.
+    async fn send_accepted(&self, tag: &str, from: i64, n: i64, pause: Duration) -> i64 {
+        for i in from..from + n {
+            let a = send(
+                &self.http,
+                &self.ingress,
+                &format!("evt_{tag}_{i}"),
+                1 + i % 50,
+            )
+            .await;
+            assert_eq!(
+                a.status,
+                StatusCode::ACCEPTED,
+                "evt_{tag}_{i}: {:?}",
+                a.body
+            );
+            tokio::time::sleep(pause).await;
+        }
+        from + n
+    }
+
     fn worker(&self, i: usize) -> &Server {
         self.workers[i].as_ref().expect("a running worker")
     }
@@ -318,15 +366,8 @@ async fn a_trip_reaches_every_node_within_250_ms() {
     .await;
     // A manual trip on the second worker.
     let started = Instant::now();
-    let a = f
-        .http
-        .post(
-            &f.worker(1).admin_url("/breaker/trip?note=fleet-test"),
-            &[],
-            Vec::new(),
-        )
+    f.admin_post(f.worker(1), "/breaker/trip?note=fleet-test")
         .await;
-    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
     let (first, last) = f
         .wait_for_state("open", started, Duration::from_secs(5))
         .await;
@@ -342,22 +383,11 @@ async fn a_trip_reaches_every_node_within_250_ms() {
     );
     // Reset on another node: the fleet closes again (nothing queued, so
     // nothing to probe with).
-    let a = f
-        .http
-        .post(
-            &f.worker(2).admin_url("/breaker/reset?force_closed=true"),
-            &[],
-            Vec::new(),
-        )
+    f.admin_post(f.worker(2), "/breaker/reset?force_closed=true")
         .await;
-    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
     f.wait_for_state("closed", Instant::now(), Duration::from_secs(5))
         .await;
-    let a = f
-        .http
-        .post(&f.worker(0).admin_url("/breaker/reset"), &[], Vec::new())
-        .await;
-    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+    f.admin_post(f.worker(0), "/breaker/reset").await;
 
     // Lock waits: the table locked, webhooks for many orders arrive; the
     // workers' slots wait, their beats carry it, the lease holder trips.
@@ -422,12 +452,7 @@ async fn redis_commands_do_not_grow_with_messages() {
                         tokio::time::sleep(wait).await;
                     }
                     let id = s * 1_000_000 + sent;
-                    let body = serde_json::to_vec(&serde_json::json!({
-                        "id": format!("evt_cmd_{id}"),
-                        "type": "order.updated",
-                        "data": {"object": {"id": 1 + id % 50, "status": "paid"}}
-                    }))
-                    .expect("json");
+                    let body = order_paid(&format!("evt_cmd_{id}"), 1 + id % 50);
                     let headers = stripe_headers(&body, unix_now());
                     let a = http.post(&url, &headers, body).await;
                     assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
@@ -486,15 +511,7 @@ async fn half_open_runs_exactly_n_probes_across_the_fleet() {
             ],
         )
         .await;
-        let a = f
-            .http
-            .post(
-                &f.worker(0).admin_url("/breaker/trip?note=probes"),
-                &[],
-                Vec::new(),
-            )
-            .await;
-        assert_eq!(a.status, StatusCode::OK);
+        f.admin_post(f.worker(0), "/breaker/trip?note=probes").await;
         f.wait_for_state("open", Instant::now(), Duration::from_secs(5))
             .await;
         for i in 0..20 {
@@ -509,11 +526,7 @@ async fn half_open_runs_exactly_n_probes_across_the_fleet() {
         // Let the workers' queue samples see the backlog, then hand the
         // breaker back: half-open.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let a = f
-            .http
-            .post(&f.worker(1).admin_url("/breaker/reset"), &[], Vec::new())
-            .await;
-        assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
+        f.admin_post(f.worker(1), "/breaker/reset").await;
         f.wait_for_state("half_open", Instant::now(), Duration::from_secs(5))
             .await;
         let waiting = || locker_count(&f.db.name);
@@ -591,16 +604,8 @@ async fn the_lease_moves_when_its_holder_is_killed() {
     // The breaker keeps working: a trip for 1 s is ended by the new holder
     // (only the holder evaluates the override's expiry): half-open, and
     // the webhooks that arrive then are its probes.
-    let a = f
-        .http
-        .post(
-            &f.ingress
-                .admin_url("/breaker/trip?note=after-failover&ttl_secs=1"),
-            &[],
-            Vec::new(),
-        )
+    f.admin_post(&f.ingress, "/breaker/trip?note=after-failover&ttl_secs=1")
         .await;
-    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
     f.wait_for_state("open", Instant::now(), Duration::from_secs(3))
         .await;
     f.wait_until(
@@ -624,52 +629,15 @@ async fn the_lease_moves_when_its_holder_is_killed() {
 async fn redis_down_mid_burst_loses_nothing_and_the_nodes_rejoin() {
     let mut redis = OwnRedis::start();
     let f = Fleet::start(&redis.url(), &unique_prefix(), 3, "").await;
-    let mut sent = 0i64;
-    for _ in 0..40 {
-        let a = send(
-            &f.http,
-            &f.ingress,
-            &format!("evt_rd_{sent}"),
-            1 + sent % 50,
-        )
-        .await;
-        assert_eq!(a.status, StatusCode::ACCEPTED);
-        sent += 1;
-    }
+    let mut sent = f.send_accepted("rd", 0, 40, Duration::ZERO).await;
     redis.kill();
     let t = Instant::now();
-    for _ in 0..80 {
-        let a = send(
-            &f.http,
-            &f.ingress,
-            &format!("evt_rd_{sent}"),
-            1 + sent % 50,
-        )
+    // Redis down refuses no webhook.
+    sent = f
+        .send_accepted("rd", sent, 80, Duration::from_millis(20))
         .await;
-        assert_eq!(
-            a.status,
-            StatusCode::ACCEPTED,
-            "Redis down refused a webhook: {:?}",
-            a.body
-        );
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     // Every node says so.
-    loop {
-        let mut all = true;
-        for node in f.nodes() {
-            all &= f.breaker(node).await["fleet"]["fallback"] == true;
-        }
-        if all {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "not every node fell back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    f.wait_for_fallback(true, t, Duration::from_secs(10)).await;
     wait_for_applied(&f.db, sent, Duration::from_secs(60)).await;
     let dlq = queue_stats(&f.http, &f.ingress).await;
     assert_eq!(dlq["dead_lettered"], 0, "{dlq}");
@@ -677,57 +645,20 @@ async fn redis_down_mid_burst_loses_nothing_and_the_nodes_rejoin() {
     assert!(String::from_utf8_lossy(&metrics.body).contains("breakwater_fleet_fallback 1"));
 
     redis.restart();
-    let t = Instant::now();
-    loop {
-        let mut all = true;
-        for node in f.nodes() {
-            all &= f.breaker(node).await["fleet"]["fallback"] == false;
-        }
-        if all {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "not every node rejoined"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    f.wait_for_fallback(false, Instant::now(), Duration::from_secs(10))
+        .await;
     f.wait_for_a_leader(Duration::from_secs(10)).await;
     // Redis came back empty: the fleet's new record (a new epoch) is the
     // one every node follows, so a trip reaches them all again.
-    let a = f
-        .http
-        .post(
-            &f.worker(1).admin_url("/breaker/trip?note=after-rejoin"),
-            &[],
-            Vec::new(),
-        )
+    f.admin_post(f.worker(1), "/breaker/trip?note=after-rejoin")
         .await;
-    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
     f.wait_for_state("open", Instant::now(), Duration::from_secs(5))
         .await;
-    let a = f
-        .http
-        .post(
-            &f.worker(2).admin_url("/breaker/reset?force_closed=true"),
-            &[],
-            Vec::new(),
-        )
+    f.admin_post(f.worker(2), "/breaker/reset?force_closed=true")
         .await;
-    assert_eq!(a.status, StatusCode::OK, "{:?}", a.body);
     f.wait_for_state("closed", Instant::now(), Duration::from_secs(5))
         .await;
-    for _ in 0..10 {
-        let a = send(
-            &f.http,
-            &f.ingress,
-            &format!("evt_rd_{sent}"),
-            1 + sent % 50,
-        )
-        .await;
-        assert_eq!(a.status, StatusCode::ACCEPTED);
-        sent += 1;
-    }
+    sent = f.send_accepted("rd", sent, 10, Duration::ZERO).await;
     wait_for_applied(&f.db, sent, Duration::from_secs(30)).await;
 }
 
@@ -739,15 +670,7 @@ async fn two_prefixes_do_not_see_each_other() {
     let (p1, p2) = (unique_prefix(), unique_prefix());
     let a = Fleet::start(&shared_redis(), &p1, 1, "").await;
     let b = Fleet::start(&shared_redis(), &p2, 1, "").await;
-    let t = a
-        .http
-        .post(
-            &a.worker(0).admin_url("/breaker/trip?note=only-a"),
-            &[],
-            Vec::new(),
-        )
-        .await;
-    assert_eq!(t.status, StatusCode::OK);
+    a.admin_post(a.worker(0), "/breaker/trip?note=only-a").await;
     a.wait_for_state("open", Instant::now(), Duration::from_secs(5))
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -911,12 +834,7 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
         let (http, ingress) = (f.http.clone(), f.ingress.url("/webhooks/stripe"));
         let id = format!("evt_hot_{sent}");
         tasks.push(tokio::spawn(async move {
-            let body = serde_json::to_vec(&serde_json::json!({
-                "id": id,
-                "type": "order.updated",
-                "data": {"object": {"id": order, "status": "paid"}}
-            }))
-            .expect("json");
+            let body = order_paid(&id, order);
             let headers = stripe_headers(&body, unix_now());
             http.post(&ingress, &headers, body).await.status
         }));

@@ -32,15 +32,19 @@ pub async fn applied(db: &ScratchDb) -> i64 {
         .get(0)
 }
 
-/// Sends a signed Stripe event for `order`.
-pub async fn send(http: &Http, server: &Server, event_id: &str, order: i64) -> Answer {
-    let body = serde_json::to_vec(&serde_json::json!({
+/// A Stripe event paying `order`.
+pub fn order_paid(event_id: &str, order: i64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
         "id": event_id,
         "type": "order.updated",
         "data": {"object": {"id": order, "status": "paid"}}
     }))
-    .expect("json");
-    post_stripe(http, server, body).await
+    .expect("json")
+}
+
+/// Sends a signed Stripe event for `order`.
+pub async fn send(http: &Http, server: &Server, event_id: &str, order: i64) -> Answer {
+    post_stripe(http, server, order_paid(event_id, order)).await
 }
 
 /// Waits until exactly `n` applications were made (more fails at once).
