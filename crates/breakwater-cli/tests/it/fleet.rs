@@ -423,12 +423,28 @@ async fn a_trip_reaches_every_node_within_250_ms() {
 /// node per second), not from the messages: the commands a burst (up to
 /// 2,000 webhooks/s, as fast as this machine takes them) adds over an idle
 /// stretch of the same length stay under 0.001 per message, and the fixed
-/// cost is what 2,000 messages/s would pay under 0.01 each. The figures
-/// printed are the measured ones.
+/// cost is what 2,000 messages/s would pay under 0.01 each, with every
+/// node's `GET /breaker` polled meanwhile. The figures printed are the
+/// measured ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_commands_do_not_grow_with_messages() {
     let redis = OwnRedis::start();
     let f = Fleet::start(&redis.url(), &unique_prefix(), 3, "").await;
+    // An operator's dashboard asks every node's `GET /breaker` 10 times a
+    // second, idle and busy alike.
+    let polling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let dashboard = {
+        let (http, polling) = (f.http.clone(), std::sync::Arc::clone(&polling));
+        let urls: Vec<String> = f.nodes().iter().map(|n| n.admin_url("/breaker")).collect();
+        tokio::spawn(async move {
+            while polling.load(Ordering::Relaxed) {
+                for url in &urls {
+                    assert_eq!(http.get(url).await.status, StatusCode::OK);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
     tokio::time::sleep(Duration::from_secs(2)).await;
     let window = Duration::from_secs(6);
     // Idle.
@@ -466,9 +482,12 @@ async fn redis_commands_do_not_grow_with_messages() {
     for s in senders {
         sent += s.await.expect("sender");
     }
+
     wait_for_applied(&f.db, sent, Duration::from_secs(120)).await;
     let elapsed = started.elapsed();
     let busy = redis.commands() - before;
+    polling.store(false, Ordering::Relaxed);
+    dashboard.await.expect("dashboard");
     let per_sec_idle = idle as f64 / window.as_secs_f64();
     let per_sec_busy = busy as f64 / elapsed.as_secs_f64();
     let extra_per_msg =

@@ -38,8 +38,10 @@ use crate::worker::{RemotePark, SharedParks};
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 /// Pause before subscribing again after the change feed failed.
 const FEED_RETRY: Duration = Duration::from_secs(1);
-/// How long `GET /breaker` reuses a fleet view it read.
-const VIEW_REUSE: Duration = Duration::from_secs(1);
+/// How long `GET /breaker` reuses the nodes' beats it read (the lease
+/// holder refreshes them at every beat for free): however often the admin
+/// API is asked, a node adds at most 3 Redis commands per this.
+const VIEW_REUSE: Duration = Duration::from_secs(5);
 
 /// This node's place in the fleet: the store, its role, its timing.
 pub struct FleetLink {
@@ -90,39 +92,43 @@ impl FleetLink {
     }
 
     /// The fleet as it stands (every node's beat), read at most once per
-    /// second however often the admin API asks.
-    pub async fn view(&self) -> Option<FleetView> {
+    /// [`VIEW_REUSE`] however often the admin API asks; on fallback, only
+    /// what was read before (the store does not answer).
+    async fn view(&self, fallback: bool) -> Option<FleetView> {
         if let Some((at, v)) = lock(&self.view).as_ref()
-            && at.elapsed() < VIEW_REUSE
+            && (fallback || at.elapsed() < VIEW_REUSE)
         {
             return Some(v.clone());
+        }
+        if fallback {
+            return None;
         }
         let v = self.store.view().await.ok()?;
         *lock(&self.view) = Some((Instant::now(), v.clone()));
         Some(v)
     }
 
-    /// The fleet as this node shows it in `GET /breaker`: the store's view
-    /// (or, with the store down, only what this node knows), with where
-    /// this node stands.
+    /// The fleet as this node shows it in `GET /breaker`: the nodes from
+    /// their beats (see [`FleetLink::view`]), and fresh from this node
+    /// itself, with no Redis call: its standing, the lease holder its last
+    /// beat saw, the state and record generation it follows.
     pub async fn info(&self, controller: &Controller) -> FleetInfo {
         let standing = controller.standing();
-        let mut info = match self.view().await {
-            Some(v) => fleet_info(&v, self.store.keys().prefix()),
-            None => FleetInfo {
-                node: None,
-                standing: None,
-                fallback: false,
-                prefix: self.store.keys().prefix().to_owned(),
-                lease_holder: self.lease_holder(),
-                state: None,
-                generation: controller.applied_generation(),
-                nodes: Vec::new(),
-            },
+        let fallback = standing == Standing::Fallback;
+        let prefix = self.store.keys().prefix();
+        let mut info = match self.view(fallback).await {
+            Some(v) => fleet_info(&v, prefix),
+            None => fleet_info(&FleetView::default(), prefix),
         };
         info.node = Some(self.store.node().to_owned());
         info.standing = Some(standing.as_str().to_owned());
-        info.fallback = standing == Standing::Fallback;
+        info.fallback = fallback;
+        info.lease_holder = if fallback { None } else { self.lease_holder() };
+        for n in &mut info.nodes {
+            n.leader = info.lease_holder.as_deref() == Some(n.node.as_str());
+        }
+        info.state = Some(controller.status().state);
+        info.generation = controller.applied_generation();
         info
     }
 
@@ -179,6 +185,16 @@ impl FleetLink {
                     if !gone.is_empty() {
                         let _ = self.store.forget_nodes(&gone).await;
                     }
+                    // The holder read every beat anyway: the admin API's
+                    // view costs it nothing.
+                    *lock(&self.view) = Some((
+                        Instant::now(),
+                        FleetView {
+                            lease: answer.lease.clone(),
+                            record: answer.record.clone(),
+                            beats: answer.beats.clone(),
+                        },
+                    ));
                 }
                 let next = self.next_beat(answer.leader, answer.lease.as_ref());
                 *lock(&self.last_lease) = answer.lease;
