@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use breakwater_queue_kafka::KafkaQueue;
+use breakwater_queue_nats::NatsQueue;
 use breakwater_queue_rabbitmq::RabbitMqQueue;
 use http::StatusCode;
 
@@ -115,6 +116,7 @@ impl Drop for OwnRedis {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Broker {
     RabbitMq,
+    Nats,
     /// Partitions by entity key: one key's messages reach one worker.
     Kafka,
 }
@@ -129,6 +131,13 @@ impl Broker {
                 let toml = q.toml(&amqp_url());
                 (q, toml)
             }
+            Self::Nats => {
+                let q = BrokerQueue::new("nats", |name| {
+                    NatsQueue::destroy_blocking(&nats_url(), name)
+                });
+                let toml = q.toml(&nats_url());
+                (q, toml)
+            }
             Self::Kafka => {
                 let q = BrokerQueue::new("kafka", |name| {
                     KafkaQueue::destroy_blocking(&kafka_url(), name)
@@ -141,6 +150,10 @@ impl Broker {
             }
         }
     }
+}
+
+fn nats_url() -> String {
+    std::env::var("BREAKWATER_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
 }
 
 fn kafka_url() -> String {
@@ -911,27 +924,24 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
     }
 }
 
-/// The hot-row incident on RabbitMQ, which hands one key's messages to any
-/// worker: each worker's lanes keep one message of the key at a time, and
-/// a key parked on one node is parked on all, so once the first lock
-/// failures have parked it (within the first lock timeout, when up to one
-/// session per worker may wait), at most one session waits on the row;
-/// unrelated orders flow, nothing is lost or dead-lettered.
+/// The hot-row incident on RabbitMQ and on NATS, which hand one key's
+/// messages to any worker: each worker's lanes keep one message of the key
+/// at a time, and a key parked on one node is parked on all, so once the
+/// first lock failures have parked it (within the first lock timeout, when
+/// up to one session per worker may wait), at most one session waits on
+/// the row; unrelated orders flow, nothing is lost or dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_parked_on_one_node_is_parked_on_all() {
-    let f = Fleet::start_on(
-        Broker::RabbitMq,
-        &shared_redis(),
-        &unique_prefix(),
-        3,
-        "",
-        &[],
-    )
-    .await;
-    let report = hot_row(&f, 100, Duration::from_secs(10)).await;
-    println!("fleet hot-row on RabbitMQ (1 ingress, 3 workers): {report}");
-    assert!(report.max_waiting <= 3, "{report}");
-    assert!(report.max_waiting_settled <= 1, "{report}");
-    assert!(report.unrelated_p99 < Duration::from_secs(1), "{report}");
-    assert_eq!(report.dead_lettered, 0, "{report}");
+    for broker in [Broker::RabbitMq, Broker::Nats] {
+        let f = Fleet::start_on(broker, &shared_redis(), &unique_prefix(), 3, "", &[]).await;
+        let report = hot_row(&f, 100, Duration::from_secs(10)).await;
+        println!("fleet hot-row on {broker:?} (1 ingress, 3 workers): {report}");
+        assert!(report.max_waiting <= 3, "{broker:?}: {report}");
+        assert!(report.max_waiting_settled <= 1, "{broker:?}: {report}");
+        assert!(
+            report.unrelated_p99 < Duration::from_secs(1),
+            "{broker:?}: {report}"
+        );
+        assert_eq!(report.dead_lettered, 0, "{broker:?}: {report}");
+    }
 }

@@ -62,6 +62,10 @@ pub struct Next<T> {
     /// Set when this success ended a park of the key (its probe went
     /// through): a fleet tells the other nodes.
     pub unparked: bool,
+    /// Set with `parked_for` when the park is this node's own to announce
+    /// (false when another node of the fleet had parked the key already:
+    /// that node keeps probing it).
+    pub park_is_own: bool,
 }
 
 impl<T> Default for Next<T> {
@@ -71,6 +75,7 @@ impl<T> Default for Next<T> {
             release: Vec::new(),
             parked_for: None,
             unparked: false,
+            park_is_own: false,
         }
     }
 }
@@ -281,21 +286,31 @@ impl<T> Lanes<T> {
                 next.unparked = self.parked.remove(key).is_some_and(|p| !p.elsewhere);
             }
             LaneOutcome::LockFailure => {
-                let strikes = self.parked.get(key).map_or(0, |p| p.strikes) + 1;
+                let before = self.parked.get(key).copied();
+                let strikes = before.map_or(0, |p| p.strikes) + 1;
                 let park = self
                     .settings
                     .park_base
                     .saturating_mul(1u32 << (strikes - 1).min(16))
                     .min(self.settings.park_cap);
+                // A key another node parked meanwhile stays that node's to
+                // probe: this failure (of an apply begun before the news)
+                // only lengthens the wait here.
+                let elsewhere = before.is_some_and(|p| p.elsewhere && p.until > now);
+                let until = match before {
+                    Some(p) if elsewhere => p.until.max(now + park),
+                    _ => now + park,
+                };
                 self.parked.insert(
                     key.to_owned(),
                     Park {
-                        until: now + park,
+                        until,
                         strikes,
-                        elsewhere: false,
+                        elsewhere,
                     },
                 );
                 next.parked_for = Some(park);
+                next.park_is_own = !elsewhere;
                 // Everything waiting behind the locked row goes back
                 // untried (or, with `hold_parked`, waits out the park).
                 if !self.settings.hold_parked
@@ -550,6 +565,33 @@ mod tests {
         // If it goes silent, the park lapses after the grace.
         l.park_elsewhere("k", park, grace, false, t);
         assert!(l.can_run(Some("k"), t + park + grace));
+    }
+
+    #[test]
+    fn a_lock_failure_on_a_key_parked_elsewhere_leaves_it_to_that_node() {
+        let t = Instant::now();
+        let mut l = lanes();
+        // An apply began, then another node parked the key, then the apply
+        // failed on the lock: the park stays the other node's.
+        assert_eq!(l.admit(Some("k"), 1, t), Admit::Run(1));
+        l.park_elsewhere(
+            "k",
+            Duration::from_millis(500),
+            Duration::from_secs(4),
+            false,
+            t,
+        );
+        let next = l.finish(Some("k"), LaneOutcome::LockFailure, t);
+        assert!(next.parked_for.is_some());
+        assert!(!next.park_is_own, "not this node's to announce");
+        l.unpark_elsewhere("k");
+        assert!(
+            l.can_run(Some("k"), t),
+            "the other node's success frees it here"
+        );
+        // A failure of its own is announced.
+        assert_eq!(l.admit(Some("k"), 2, t), Admit::Run(2));
+        assert!(l.finish(Some("k"), LaneOutcome::LockFailure, t).park_is_own);
     }
 
     #[test]

@@ -530,7 +530,7 @@ impl Dispatcher {
         };
         let next = self.lanes.finish(key.as_deref(), lane_outcome, now);
         if let (Some(key), Some(shared)) = (&key, &self.shared_parks) {
-            if let Some(park) = next.parked_for {
+            if let (Some(park), true) = (next.parked_for, next.park_is_own) {
                 let _ = shared.outgoing.send((key.clone(), park));
             } else if next.unparked {
                 let _ = shared.outgoing.send((key.clone(), Duration::ZERO));
