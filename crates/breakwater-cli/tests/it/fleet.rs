@@ -890,6 +890,23 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
         samples.iter().filter(|(_, n)| *n > 1).count() as f64 / samples.len().max(1) as f64;
     // Once the first lock failures have parked the key (2 s into the lock).
     let settled = started + Duration::from_secs(4);
+    let lock_at = started + Duration::from_secs(2);
+    let crowded: Vec<String> = samples
+        .iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(at, n)| {
+            format!(
+                "{n}@{:.2}s",
+                at.saturating_duration_since(lock_at).as_secs_f64()
+            )
+        })
+        .collect();
+    if !crowded.is_empty() {
+        println!(
+            "more than one waiting at (since the lock): {}",
+            crowded.join(" ")
+        );
+    }
     let max_waiting_settled = samples
         .iter()
         .filter(|(at, _)| *at >= settled)

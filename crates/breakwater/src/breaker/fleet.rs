@@ -12,9 +12,10 @@
 //!   follows it at once (the per-message gate reads only the local copy).
 //! - **Hot-key parks**: a key the lanes park after a lock failure is
 //!   announced, and every other node parks it too until the parking node
-//!   says its probe went through (or a grace of `park_cap` after the park
-//!   passes), so on a broker that spreads one key's messages over the
-//!   workers only one node probes a locked row.
+//!   says its probe went through (or a grace of one to two `park_cap`,
+//!   different per node, after the park passes), so on a broker that
+//!   spreads one key's messages over the workers only one node probes a
+//!   locked row.
 //! - **Fallback**: a beat that fails puts the node on its own breaker, said
 //!   once in the log, in `breakwater_fleet_fallback` and in `GET /breaker`;
 //!   webhooks keep flowing. The first beat that succeeds rejoins.
@@ -327,6 +328,7 @@ impl FleetLink {
             SharedParks {
                 outgoing: out_tx,
                 incoming: in_rx,
+                stagger: stagger(self.store.node()),
             },
             [publisher, subscriber],
         )
@@ -358,6 +360,15 @@ impl FleetLink {
             }
         }
     }
+}
+
+/// A node's fixed share in `[0, 1)`, from its id: spreads when different
+/// nodes' waits end (see [`SharedParks::stagger`]).
+fn stagger(node: &str) -> f64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.hash(&mut h);
+    (h.finish() % 1_000) as f64 / 1_000.0
 }
 
 /// The fleet as `GET /breaker` and `breakwater fleet status` show it: the

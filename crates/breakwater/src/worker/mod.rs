@@ -224,6 +224,12 @@ pub struct RemotePark {
 pub struct SharedParks {
     pub outgoing: tokio::sync::mpsc::UnboundedSender<(String, Duration)>,
     pub incoming: tokio::sync::mpsc::UnboundedReceiver<RemotePark>,
+    /// This node's share, in `[0, 1)`, of a second `park_cap` added to the
+    /// grace after another node's park (a different one per node): should
+    /// the parking node go quiet, the other nodes' parks do not all lapse
+    /// at once, so one of them probes the key first and, if it fails,
+    /// parks it for all again.
+    pub stagger: f64,
 }
 
 /// Running workers.
@@ -631,7 +637,8 @@ impl Dispatcher {
             }
         }
         let now = Instant::now();
-        let grace = self.settings.lanes.park_cap;
+        let stagger = self.shared_parks.as_ref().map_or(0.0, |s| s.stagger);
+        let grace = self.settings.lanes.park_cap.mul_f64(1.0 + stagger);
         for p in parks {
             if p.park.is_zero() {
                 self.lanes.unpark_elsewhere(&p.key);
