@@ -18,9 +18,10 @@
 //! | `<prefix>:probes:<period>:ok` | counter | probe successes in that period, fleet-wide |
 //! | `<prefix>:keys:parked` | channel | hot-key parks and their ends, so a key parked on one node is parked on all |
 //!
-//! Cost: one beat per node per second is one `EVALSHA` running `HSET` and
-//! `MGET` (the lease holder adds `SET` and `HGETALL`); transitions and
-//! probes add a few commands each, and nothing is per message.
+//! Cost: one beat per node per second is one `EVALSHA` running `MGET`, and
+//! `HSET` when the node has something new to tell (the lease holder adds
+//! `SET` and `HGETALL`); transitions and probes add a few commands each,
+//! and nothing is per message.
 
 pub mod beat;
 pub mod keys;

@@ -24,11 +24,12 @@ return 1
 /// the node wants it and it is free or its own, the record read as a
 /// backstop to pub/sub, and for the lease holder every node's beat.
 /// KEYS: beats, lease, record. ARGV: node, beat JSON, lease value, lease
-/// TTL ms, "1" if the node wants the lease. Returns {lease value or "",
-/// record or "", beats (flat hash) or {}}. Commands: HSET, MGET; the
-/// holder adds SET and HGETALL.
+/// TTL ms, "1" if the node wants the lease, "1" to store the beat (a node
+/// skips it when nothing worth telling changed). Returns {lease value or
+/// "", record or "", beats (flat hash) or {}}. Commands: MGET, HSET when
+/// the beat is stored; the holder adds SET and HGETALL.
 pub const SYNC: &str = r"
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[6] == '1' then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
 local got = redis.call('MGET', KEYS[2], KEYS[3])
 local lease = got[1]
 local mine = false

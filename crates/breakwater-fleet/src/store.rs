@@ -142,13 +142,14 @@ impl RedisFleet {
         &self.keys
     }
 
-    /// One beat: stores `beat`, takes or renews the controller lease for
-    /// `lease_ttl` when given (a node that runs no breaker passes `None`),
-    /// reads the record, and for the lease holder every node's beat. One
-    /// round trip.
+    /// One beat: stores `beat` (when `store_beat`), takes or renews the
+    /// controller lease for `lease_ttl` when given (a node that runs no
+    /// breaker passes `None`), reads the record, and for the lease holder
+    /// every node's beat. One round trip.
     pub async fn sync(
         &self,
         beat: &NodeBeat,
+        store_beat: bool,
         lease_ttl: Option<Duration>,
     ) -> Result<SyncAnswer, CoordinationError> {
         let json = serde_json::to_string(beat).map_err(unavailable)?;
@@ -166,6 +167,7 @@ impl RedisFleet {
             .arg(lease_value)
             .arg(ttl_ms)
             .arg(if lease_ttl.is_some() { "1" } else { "0" })
+            .arg(if store_beat { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;

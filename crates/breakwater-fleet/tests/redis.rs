@@ -150,24 +150,30 @@ async fn one_node_holds_the_lease_until_it_lapses_or_is_given_up() {
     let p = Prefix::new();
     let (a, b, ingress) = (p.node("a"), p.node("b"), p.node("i"));
     let ttl = Some(Duration::from_millis(600));
-    let got = a.sync(&beat("a"), ttl).await.expect("sync");
+    let got = a.sync(&beat("a"), true, ttl).await.expect("sync");
     assert!(got.leader, "the first to ask takes it");
     assert_eq!(got.beats.len(), 1, "the holder reads every beat");
-    let got = b.sync(&beat("b"), ttl).await.expect("sync");
+    let got = b.sync(&beat("b"), true, ttl).await.expect("sync");
     assert!(!got.leader);
     assert_eq!(got.lease.as_ref().map(|l| l.holder.as_str()), Some("a"));
     assert!(got.beats.is_empty(), "a follower reads no beats");
     // A node that runs no breaker never takes it.
-    assert!(!ingress.sync(&beat("i"), None).await.expect("sync").leader);
+    assert!(
+        !ingress
+            .sync(&beat("i"), true, None)
+            .await
+            .expect("sync")
+            .leader
+    );
     // The holder renews; the follower still cannot take it.
-    assert!(a.sync(&beat("a"), ttl).await.expect("sync").leader);
-    let got = a.sync(&beat("a"), ttl).await.expect("sync");
+    assert!(a.sync(&beat("a"), true, ttl).await.expect("sync").leader);
+    let got = a.sync(&beat("a"), true, ttl).await.expect("sync");
     assert_eq!(got.beats.len(), 3, "a, b and the ingress beat");
     // a stops renewing (dies): b takes it once it lapses, not before.
     let died = Instant::now();
-    assert!(!b.sync(&beat("b"), ttl).await.expect("sync").leader);
+    assert!(!b.sync(&beat("b"), true, ttl).await.expect("sync").leader);
     loop {
-        if b.sync(&beat("b"), ttl).await.expect("sync").leader {
+        if b.sync(&beat("b"), true, ttl).await.expect("sync").leader {
             break;
         }
         assert!(
@@ -183,7 +189,7 @@ async fn one_node_holds_the_lease_until_it_lapses_or_is_given_up() {
     );
     // Given up cleanly: a takes it at once.
     b.release_lease().await.expect("release");
-    assert!(a.sync(&beat("a"), ttl).await.expect("sync").leader);
+    assert!(a.sync(&beat("a"), true, ttl).await.expect("sync").leader);
 }
 
 #[tokio::test]
@@ -243,9 +249,9 @@ async fn two_prefixes_do_not_see_each_others_state() {
     );
     assert_eq!(b.load().await.expect("load"), None);
     let ttl = Some(Duration::from_secs(5));
-    assert!(a.sync(&beat("a"), ttl).await.expect("sync").leader);
+    assert!(a.sync(&beat("a"), true, ttl).await.expect("sync").leader);
     assert!(
-        b.sync(&beat("a"), ttl).await.expect("sync").leader,
+        b.sync(&beat("a"), true, ttl).await.expect("sync").leader,
         "its own lease"
     );
     assert_eq!(b.view().await.expect("view").beats.len(), 1);
@@ -258,7 +264,7 @@ async fn a_redis_that_is_not_there_is_an_error_not_a_hang() {
     let started = Instant::now();
     assert!(
         fleet
-            .sync(&beat("a"), Some(Duration::from_secs(1)))
+            .sync(&beat("a"), true, Some(Duration::from_secs(1)))
             .await
             .is_err()
     );
@@ -286,4 +292,31 @@ async fn a_key_park_reaches_every_subscriber() {
         .expect("delivered")
         .expect("a park");
     assert_eq!(got, park);
+}
+
+#[tokio::test]
+async fn a_beat_not_stored_still_renews_the_lease_and_reads_the_record() {
+    let p = Prefix::new();
+    let a = p.node("a");
+    let ttl = Some(Duration::from_millis(600));
+    let first = beat("a");
+    assert!(a.sync(&first, true, ttl).await.expect("sync").leader);
+    assert!(
+        a.compare_and_set(None, record(1, "a", State::Open))
+            .await
+            .expect("cas")
+    );
+    let mut later = beat("a");
+    later.at_ms = first.at_ms + 5_000;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let got = a.sync(&later, false, ttl).await.expect("sync");
+        assert!(got.leader, "renewed without storing");
+        assert_eq!(got.record.map(|r| r.generation), Some(1));
+        assert_eq!(got.beats.len(), 1);
+        assert_eq!(
+            got.beats[0].at_ms, first.at_ms,
+            "the stored beat is the first"
+        );
+    }
 }

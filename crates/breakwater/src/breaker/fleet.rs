@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use breakwater_admin_api::{FleetInfo, FleetNode};
-use breakwater_fleet::{FleetView, KeyPark, Lease, NodeRole, RedisFleet, SlotState};
+use breakwater_fleet::{FleetView, KeyPark, Lease, NodeBeat, NodeRole, RedisFleet, SlotState};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -34,6 +34,13 @@ use tokio::task::JoinHandle;
 use super::controller::{Controller, Standing};
 use crate::telemetry;
 use crate::worker::{RemotePark, SharedParks};
+
+/// A beat with nothing new is stored at least this often (the holder
+/// counts a node live for `lock_wait.heartbeat_ttl_ms`, 10 s by default).
+const STORE_AT_LEAST_EVERY: Duration = Duration::from_secs(3);
+/// A node that runs no workers (holds no lease, has no slots) beats this
+/// many times more slowly.
+const OBSERVER_SLOWER: u32 = 3;
 
 /// A node's beat older than this is removed from the store.
 const FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -54,6 +61,8 @@ pub struct FleetLink {
     last_lease: Mutex<Option<Lease>>,
     /// The latest fleet view read for the admin API, and when.
     view: Mutex<Option<(Instant, FleetView)>>,
+    /// The last beat stored, and when.
+    stored: Mutex<Option<(Instant, NodeBeat)>>,
 }
 
 impl std::fmt::Debug for FleetLink {
@@ -79,6 +88,7 @@ impl FleetLink {
             lease,
             last_lease: Mutex::new(None),
             view: Mutex::new(None),
+            stored: Mutex::new(None),
         }
     }
 
@@ -162,9 +172,13 @@ impl FleetLink {
     /// One beat; returns when to beat again.
     async fn beat(&self, controller: &Controller, wants_lease: bool) -> Duration {
         let beat = controller.beat(self.role);
+        let store_beat = worth_storing(lock(&self.stored).as_ref(), &beat, Instant::now());
         let lease_ttl = wants_lease.then_some(self.lease);
-        match self.store.sync(&beat, lease_ttl).await {
+        match self.store.sync(&beat, store_beat, lease_ttl).await {
             Ok(answer) => {
+                if store_beat {
+                    *lock(&self.stored) = Some((Instant::now(), beat));
+                }
                 let standing = if !wants_lease {
                     Standing::Observer
                 } else if answer.leader {
@@ -220,7 +234,10 @@ impl FleetLink {
     /// sooner than its next beat: a dead holder is replaced within the
     /// lease time.
     fn next_beat(&self, leader: bool, lease: Option<&Lease>) -> Duration {
-        if leader || !self.role.runs_workers() {
+        if !self.role.runs_workers() {
+            return self.beat_every * OBSERVER_SLOWER;
+        }
+        if leader {
             return self.beat_every;
         }
         let Some(lease) = lease else {
@@ -362,6 +379,25 @@ impl FleetLink {
     }
 }
 
+/// Whether a beat tells the fleet something the last one stored did not:
+/// the first, one every [`STORE_AT_LEAST_EVERY`], and any with new
+/// dependency failures, slots in a lock wait, another breaker state or
+/// record, or a change of fallback. Steady successes wait for the next
+/// one: they only move the failure ratio's denominator.
+fn worth_storing(last: Option<&(Instant, NodeBeat)>, beat: &NodeBeat, now: Instant) -> bool {
+    let Some((at, last)) = last else {
+        return true;
+    };
+    now.saturating_duration_since(*at) >= STORE_AT_LEAST_EVERY
+        || beat.outcomes.failures != last.outcomes.failures
+        || beat.outcomes.slow != last.outcomes.slow
+        || beat.lock_waits() > 0
+        || last.lock_waits() > 0
+        || beat.state != last.state
+        || beat.generation != last.generation
+        || beat.fallback != last.fallback
+}
+
 /// A node's fixed share in `[0, 1)`, from its id: spreads when different
 /// nodes' waits end (see [`SharedParks::stagger`]).
 fn stagger(node: &str) -> f64 {
@@ -421,4 +457,84 @@ pub fn fleet_info(view: &FleetView, prefix: &str) -> FleetInfo {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use breakwater_control::{OutcomeTally, State};
+    use breakwater_fleet::SlotBeat;
+
+    fn beat() -> NodeBeat {
+        NodeBeat {
+            node: "w1".into(),
+            role: NodeRole::Worker,
+            at_ms: 0,
+            state: Some(State::Closed),
+            generation: 3,
+            fallback: false,
+            slots: Vec::new(),
+            outcomes: OutcomeTally::default(),
+        }
+    }
+
+    #[test]
+    fn a_beat_is_stored_when_it_has_news_or_has_waited_long_enough() {
+        let t = Instant::now();
+        assert!(worth_storing(None, &beat(), t), "the first");
+        let last = (t, beat());
+        let mut steady = beat();
+        steady.outcomes.calls = 500;
+        assert!(!worth_storing(
+            Some(&last),
+            &steady,
+            t + Duration::from_secs(1)
+        ));
+        assert!(worth_storing(
+            Some(&last),
+            &steady,
+            t + STORE_AT_LEAST_EVERY
+        ));
+        let mut failing = steady.clone();
+        failing.outcomes.failures = 1;
+        assert!(worth_storing(
+            Some(&last),
+            &failing,
+            t + Duration::from_secs(1)
+        ));
+        let mut waiting = beat();
+        waiting.slots.push(SlotBeat {
+            slot: 0,
+            state: SlotState::DbLockWait,
+            lock_target: Some("1042".into()),
+            waited_ms: 400,
+        });
+        assert!(worth_storing(
+            Some(&last),
+            &waiting,
+            t + Duration::from_secs(1)
+        ));
+        // The wait ended: that is news too.
+        let was_waiting = (t, waiting);
+        assert!(worth_storing(
+            Some(&was_waiting),
+            &beat(),
+            t + Duration::from_secs(1)
+        ));
+        let mut opened = beat();
+        opened.state = Some(State::Open);
+        assert!(worth_storing(
+            Some(&last),
+            &opened,
+            t + Duration::from_secs(1)
+        ));
+    }
+
+    #[test]
+    fn staggers_differ_between_nodes_and_stay_below_one() {
+        let s: Vec<f64> = ["w1", "w2", "w3"].iter().map(|n| stagger(n)).collect();
+        assert!(s.iter().all(|x| (0.0..1.0).contains(x)), "{s:?}");
+        assert_eq!(stagger("w1"), s[0], "fixed per node");
+        assert!(s[0] != s[1] || s[1] != s[2], "{s:?}");
+    }
 }
