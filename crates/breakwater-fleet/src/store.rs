@@ -48,7 +48,7 @@ pub struct SyncAnswer {
 }
 
 /// Everything `breakwater fleet status` shows.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FleetView {
     pub lease: Option<Lease>,
     pub record: Option<BreakerRecord>,

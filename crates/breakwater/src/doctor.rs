@@ -9,6 +9,8 @@
 
 use serde::Serialize;
 
+use breakwater_fleet::FleetView;
+
 use crate::config::{BackoffJitter, Config};
 use breakwater_sink::DatabaseAudit;
 
@@ -68,7 +70,7 @@ fn flag(
 }
 
 /// What was read from the running system.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Live {
     /// The sources' secrets resolved (env, files): the error when not.
     pub sources: Result<usize, String>,
@@ -80,6 +82,9 @@ pub struct Live {
     /// Breakwater makes it with its own), the error when it could not be
     /// opened.
     pub redelivery_limit: Result<Option<u32>, String>,
+    /// With `[fleet]`: the fleet as Redis holds it, the error when Redis
+    /// could not be read; `None` without a fleet.
+    pub fleet: Option<Result<FleetView, String>>,
 }
 
 /// Reads the live facts `audit` needs.
@@ -92,10 +97,20 @@ pub async fn gather(config: &Config) -> Live {
         .await
         .map(|queue| queue.and_then(|q| q.redelivery_limit()))
         .map_err(|e| e.to_string());
+    let fleet = match &config.fleet {
+        None => None,
+        Some(f) => Some(
+            match breakwater_fleet::RedisFleet::open(&f.redis_url, &f.prefix, "doctor") {
+                Ok(store) => store.view().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
+        ),
+    };
     Live {
         sources,
         database,
         redelivery_limit,
+        fleet,
     }
 }
 
@@ -108,6 +123,7 @@ pub fn audit(config: &Config, live: &Live) -> Vec<Finding> {
     out.push(signals(config));
     out.push(probes_and_ramp(config));
     out.push(redelivery(config, live));
+    out.extend(fleet(config, live));
     out
 }
 
@@ -437,6 +453,84 @@ fn redelivery(config: &Config, live: &Live) -> Finding {
     }
 }
 
+/// With `[fleet]`: a broker every process can share, Redis reachable, a
+/// lease holder, no node deciding alone. Without, nothing to say.
+fn fleet(config: &Config, live: &Live) -> Option<Finding> {
+    const CHECK: &str = "fleet";
+    let fleet = config.fleet.as_ref()?;
+    if config.queue.backend == "embedded" {
+        return Some(flag(
+            CHECK,
+            Verdict::Fail,
+            "[fleet] with the embedded queue: its store belongs to one process, so the fleet's \
+             processes cannot share its webhooks",
+            "use a broker backend ([queue] backend = \"rabbitmq\", \"nats\", \"kafka\" or \
+             \"sqs\") for a fleet, or drop [fleet] on a single node",
+        ));
+    }
+    let redis = crate::config::redact_url(&fleet.redis_url);
+    let view = match live.fleet.as_ref()? {
+        Err(e) => {
+            return Some(flag(
+                CHECK,
+                Verdict::Warn,
+                format!(
+                    "Redis at {redis} could not be read ({e}): every node decides alone \
+                     (webhooks keep flowing)"
+                ),
+                "check fleet.redis_url and that Redis is reachable from the nodes",
+            ));
+        }
+        Ok(v) => v,
+    };
+    let now_ms = breakwater_fleet::now_ms();
+    let ttl_ms = config.breaker.lock_wait.heartbeat_ttl_ms;
+    let live_nodes: Vec<&breakwater_fleet::NodeBeat> = view
+        .beats
+        .iter()
+        .filter(|b| now_ms.saturating_sub(b.at_ms) <= ttl_ms)
+        .collect();
+    let alone: Vec<&str> = live_nodes
+        .iter()
+        .filter(|b| b.fallback)
+        .map(|b| b.node.as_str())
+        .collect();
+    let workers = live_nodes.iter().filter(|b| b.role.runs_workers()).count();
+    let holder = view.lease.as_ref().map(|l| l.holder.as_str());
+    Some(if !alone.is_empty() {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "node(s) {} said they could not reach Redis and decided alone",
+                alone.join(", ")
+            ),
+            "check those nodes' route to Redis; they rejoin by themselves once it answers",
+        )
+    } else if workers > 0 && holder.is_none() {
+        flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "{workers} worker node(s) beating under prefix {}, none holds the controller lease",
+                fleet.prefix
+            ),
+            "a worker takes a free lease at its next beat; if this stays, check the nodes' logs",
+        )
+    } else {
+        pass(
+            CHECK,
+            format!(
+                "Redis at {redis}, prefix {}: {} node(s) beating ({workers} with workers), \
+                 lease held by {}",
+                fleet.prefix,
+                live_nodes.len(),
+                holder.unwrap_or("nobody (no worker has started)")
+            ),
+        )
+    })
+}
+
 /// Whether any finding failed.
 pub fn failed(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.verdict == Verdict::Fail)
@@ -469,7 +563,81 @@ mod tests {
             sources: Ok(1),
             database: Ok(Some(database)),
             redelivery_limit: Ok(None),
+            fleet: None,
         }
+    }
+
+    #[test]
+    fn a_fleet_needs_a_broker_redis_and_a_lease_holder() {
+        use breakwater_fleet::{FleetView, Lease, NodeBeat, NodeRole};
+        let mut config = Config::default();
+        let mut l = live(db(1000, 5000, 60_000));
+        assert!(
+            audit(&config, &l).iter().all(|f| f.check != "fleet"),
+            "no fleet, nothing said"
+        );
+        config.fleet = Some(crate::config::FleetConfig {
+            redis_url: "redis://127.0.0.1:6379".into(),
+            prefix: "bw".into(),
+            node_id: None,
+            beat_ms: 1000,
+            lease_ms: 3000,
+        });
+        l.fleet = Some(Ok(FleetView::default()));
+        assert_eq!(
+            verdict(&audit(&config, &l), "fleet"),
+            Verdict::Fail,
+            "embedded queue"
+        );
+        config.queue.backend = "rabbitmq".into();
+        assert_eq!(
+            verdict(&audit(&config, &l), "fleet"),
+            Verdict::Pass,
+            "nothing started yet"
+        );
+        let beat = |node: &str, fallback: bool| NodeBeat {
+            node: node.into(),
+            role: NodeRole::Worker,
+            at_ms: breakwater_fleet::now_ms(),
+            state: None,
+            generation: 1,
+            fallback,
+            slots: Vec::new(),
+            outcomes: Default::default(),
+        };
+        l.fleet = Some(Ok(FleetView {
+            lease: None,
+            record: None,
+            beats: vec![beat("w1", false)],
+        }));
+        assert_eq!(
+            verdict(&audit(&config, &l), "fleet"),
+            Verdict::Warn,
+            "no holder"
+        );
+        l.fleet = Some(Ok(FleetView {
+            lease: Some(Lease {
+                holder: "w1".into(),
+                expires_at_ms: 0,
+            }),
+            record: None,
+            beats: vec![beat("w1", false), beat("w2", true)],
+        }));
+        let f = audit(&config, &l);
+        assert_eq!(verdict(&f, "fleet"), Verdict::Warn, "w2 alone");
+        l.fleet = Some(Ok(FleetView {
+            lease: Some(Lease {
+                holder: "w1".into(),
+                expires_at_ms: 0,
+            }),
+            record: None,
+            beats: vec![beat("w1", false)],
+        }));
+        assert_eq!(verdict(&audit(&config, &l), "fleet"), Verdict::Pass);
+        l.fleet = Some(Err("connection refused".into()));
+        let f = audit(&config, &l);
+        assert_eq!(verdict(&f, "fleet"), Verdict::Warn);
+        assert!(!failed(&f));
     }
 
     #[test]

@@ -729,6 +729,24 @@ async fn two_prefixes_do_not_see_each_other() {
         .filter_map(|n| n["node"].as_str())
         .collect();
     assert_eq!(nodes.len(), 2, "{nodes:?}");
+    // `doctor` reads the fleet too.
+    let doctor = Command::new(binary())
+        .args(["doctor", "--json", "--config"])
+        .arg(a.sandbox.config_path())
+        .output()
+        .expect("doctor");
+    let findings: serde_json::Value = serde_json::from_slice(&doctor.stdout).expect("json");
+    let fleet = findings
+        .as_array()
+        .and_then(|f| f.iter().find(|f| f["check"] == "fleet"))
+        .unwrap_or_else(|| panic!("no fleet finding in {findings}"));
+    assert_eq!(fleet["verdict"], "pass", "{fleet}");
+    assert!(
+        fleet["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("lease held by w1") && d.contains("2 node(s)")),
+        "{fleet}"
+    );
     let text = Command::new(binary())
         .args(["fleet", "status", "--config"])
         .arg(b.sandbox.config_path())
