@@ -14,8 +14,10 @@
 //! How an answer is classified ([`classify`]): 2xx applied; connection
 //! errors, timeouts, 429 and 5xx are *dependency* failures (retried, they
 //! feed the breaker), with `Retry-After` (seconds or an HTTP-date)
-//! carried as the retry's delay; 3xx (redirects are not followed) and other 4xx are *permanent*
-//! (the DLQ entry keeps the status and the start of the body).
+//! carried as the retry's delay; 3xx and other 4xx are *permanent*
+//! (the DLQ entry keeps the status and the start of the body), except the
+//! 307s and 308s a target's `follow_redirects` allows, which are followed
+//! with the same POST ([`redirect_target`] says where to).
 //!
 //! Each target has its own connection pool (HTTP/1.1, or HTTP/2 with prior
 //! knowledge), at most `max_connections` requests at once, a connect
@@ -56,6 +58,10 @@ pub struct ForwardSpec {
     pub secret: Option<String>,
     /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
     pub http2: bool,
+    /// Redirects followed per request: 307 and 308 only (they keep the
+    /// POST and its body), to an `http://` URL or a path on the same
+    /// target; 0 (the default): none.
+    pub follow_redirects: u32,
 }
 
 /// One forward target: its pool, its bound, its signer.
@@ -187,7 +193,67 @@ impl ForwardTarget {
                 )
             })?
             .map_err(|_| SinkError::dependency("connection", "the forward target is closed"))?;
-        let request = self.request(event, attempt)?;
+        let mut uri = self.uri.clone();
+        let mut hops = 0;
+        loop {
+            let answer = self.send_once(&uri, event, attempt, deadline).await?;
+            let redirect = matches!(answer.status.as_u16(), 307 | 308);
+            if self.spec.follow_redirects == 0 || !answer.status.is_redirection() {
+                let shown = if hops == 0 {
+                    std::borrow::Cow::Borrowed(url.as_str())
+                } else {
+                    std::borrow::Cow::Owned(uri.to_string())
+                };
+                return classify(
+                    &shown,
+                    answer.status,
+                    answer.retry_after,
+                    answer.location.as_deref(),
+                    &answer.body,
+                );
+            }
+            let to = answer.location.as_deref().unwrap_or("(no Location)");
+            let why = if !redirect {
+                "only 307 and 308 are followed (the others would turn the POST into a GET)"
+                    .to_owned()
+            } else if hops == self.spec.follow_redirects {
+                format!(
+                    "more than {} redirect(s) in a row",
+                    self.spec.follow_redirects
+                )
+            } else {
+                match answer
+                    .location
+                    .as_deref()
+                    .and_then(|l| redirect_target(&uri, l))
+                {
+                    Some(next) => {
+                        uri = next;
+                        hops += 1;
+                        continue;
+                    }
+                    None => {
+                        "only an http:// URL or a path on the same target is followed".to_owned()
+                    }
+                }
+            };
+            return Err(SinkError::permanent(
+                "http_redirect",
+                format!("HTTP {} from {uri} to {to}: {why}", answer.status),
+            ));
+        }
+    }
+
+    /// One request to `uri`, its answer read (bounded) within `deadline`.
+    async fn send_once(
+        &self,
+        uri: &Uri,
+        event: &Event<'_>,
+        attempt: u32,
+        deadline: tokio::time::Instant,
+    ) -> Result<Answer, SinkError> {
+        let url = &self.spec.url;
+        let request = self.request(uri, event, attempt)?;
         let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Err(_) => {
                 return Err(SinkError::dependency(
@@ -223,10 +289,20 @@ impl ForwardTarget {
                 Ok(Ok(collected)) => collected.to_bytes(),
                 Ok(Err(_)) | Err(_) => Bytes::new(),
             };
-        classify(url, parts.status, retry_after, location.as_deref(), &body)
+        Ok(Answer {
+            status: parts.status,
+            retry_after,
+            location,
+            body,
+        })
     }
 
-    fn request(&self, event: &Event<'_>, attempt: u32) -> Result<Request<Full<Bytes>>, SinkError> {
+    fn request(
+        &self,
+        uri: &Uri,
+        event: &Event<'_>,
+        attempt: u32,
+    ) -> Result<Request<Full<Bytes>>, SinkError> {
         let body = Bytes::copy_from_slice(event.body);
         let content_type = event
             .headers
@@ -236,7 +312,7 @@ impl ForwardTarget {
         let event_id = header_value(event.event_id);
         let mut builder = Request::builder()
             .method(Method::POST)
-            .uri(self.uri.clone())
+            .uri(uri.clone())
             .header(http::header::CONTENT_TYPE, header_value(content_type))
             .header("idempotency-key", event_id.clone())
             .header("breakwater-source", header_value(event.source))
@@ -265,6 +341,27 @@ impl ForwardTarget {
             .body(Full::new(body))
             .map_err(|e| SinkError::permanent("forward_request", e.to_string()))
     }
+}
+
+/// What came back from one request.
+struct Answer {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    location: Option<String>,
+    body: Bytes,
+}
+
+/// Where a redirect from `from` to `location` leads, if Breakwater follows
+/// it: an `http://` URL, or a path (`/...`) on the same scheme and host;
+/// `None` for anything else (https, another scheme, a relative path).
+fn redirect_target(from: &Uri, location: &str) -> Option<Uri> {
+    if location.starts_with('/') && !location.starts_with("//") {
+        let mut parts = from.clone().into_parts();
+        parts.path_and_query = Some(location.parse().ok()?);
+        return Uri::from_parts(parts).ok();
+    }
+    let to: Uri = location.parse().ok()?;
+    (to.scheme_str() == Some("http") && to.host().is_some()).then_some(to)
 }
 
 /// A `Retry-After` value: delay-seconds, or an HTTP-date (the time left
@@ -397,6 +494,23 @@ mod tests {
     }
 
     #[test]
+    fn a_redirect_is_followed_to_http_or_a_path_on_the_same_target_only() {
+        let from: Uri = "http://10.0.0.5:7000/hooks/stripe?x=1"
+            .parse()
+            .expect("uri");
+        let to = |l: &str| redirect_target(&from, l).map(|u| u.to_string());
+        assert_eq!(
+            to("/hooks/v2"),
+            Some("http://10.0.0.5:7000/hooks/v2".into())
+        );
+        assert_eq!(to("http://other:81/in"), Some("http://other:81/in".into()));
+        assert_eq!(to("https://other/in"), None, "https is not supported");
+        assert_eq!(to("//other/in"), None, "scheme-relative");
+        assert_eq!(to("v2"), None, "a relative path");
+        assert_eq!(to("ftp://other/in"), None);
+    }
+
+    #[test]
     fn retry_after_reads_seconds_and_http_dates() {
         let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
         assert_eq!(retry_after(" 2 ", now), Some(Duration::from_secs(2)));
@@ -429,6 +543,7 @@ mod tests {
             max_connections: 4,
             secret: None,
             http2: false,
+            follow_redirects: 0,
         };
         assert!(ForwardTarget::new(spec("http://127.0.0.1:7000/x")).is_ok());
         assert!(ForwardTarget::new(spec("https://svc/x")).is_err());

@@ -248,6 +248,7 @@ pub fn forward_spec(forward: &crate::config::ForwardConfig, secret: Option<Strin
         max_connections: forward.max_connections,
         secret,
         http2: forward.http2,
+        follow_redirects: forward.follow_redirects,
     }
 }
 

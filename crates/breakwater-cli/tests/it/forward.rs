@@ -192,6 +192,75 @@ async fn a_400_is_dead_lettered_and_the_breaker_stays_closed() {
     assert_eq!(view["breaker"]["state"], "closed", "{view}");
 }
 
+/// Redirects: with `follow_redirects = 1` a 307 to another path is
+/// followed with the same POST, body and signature; a second one in a row
+/// is not, nor a 302 (it would turn the POST into a GET): those, like any
+/// redirect with the default of 0, are dead-lettered with the status and
+/// where it pointed, and the breaker stays closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_configured_redirects_are_followed() {
+    // evt 0: 307 to /moved, then 200; evt 1: 307 twice; evt 2: a 302.
+    let receiver = Receiver::start(Arc::new(|n, _| {
+        let to = |status, path: &str| Reply::Status(status, vec![("location", path.to_owned())]);
+        match n {
+            0 => to(StatusCode::TEMPORARY_REDIRECT, "/moved"),
+            1 => Reply::Status(StatusCode::OK, Vec::new()),
+            2 => to(StatusCode::PERMANENT_REDIRECT, "/again"),
+            3 => to(StatusCode::TEMPORARY_REDIRECT, "/and-again"),
+            4 => to(StatusCode::FOUND, "/get-me"),
+            _ => to(StatusCode::TEMPORARY_REDIRECT, "/moved"),
+        }
+    }))
+    .await;
+    let sandbox = forwarding(&receiver, ", follow_redirects = 1");
+    let server = start(&sandbox);
+    let http = Http::default();
+    // One at a time, so the receiver's answers go to the event meant.
+    send(&http, &server, "evt_redirect_0").await;
+    let got = receiver.wait_for(2, Duration::from_secs(15)).await;
+    assert_eq!(got[0].path, "/hooks/stripe");
+    assert_eq!(got[1].path, "/moved");
+    assert_eq!(got[0].body, got[1].body, "the same body, posted again");
+    for r in &got[..2] {
+        assert_eq!(header(r, "idempotency-key"), "evt_redirect_0");
+        assert!(!header(r, "webhook-signature").is_empty());
+    }
+    send(&http, &server, "evt_redirect_1").await;
+    receiver.wait_for(4, Duration::from_secs(15)).await;
+    send(&http, &server, "evt_redirect_2").await;
+    receiver.wait_for(5, Duration::from_secs(15)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let dlq = loop {
+        let list = http.get(&server.admin_url("/dlq")).await.json();
+        if list["items"].as_array().map_or(0, Vec::len) == 2 {
+            break list;
+        }
+        assert!(Instant::now() < deadline, "DLQ: {list}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let errors: Vec<String> = dlq["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| i["error"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert!(
+        errors.iter().any(|e| e.contains("307")
+            && e.contains("/and-again")
+            && e.contains("more than 1 redirect")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("302") && e.contains("/get-me") && e.contains("307 and 308")),
+        "{errors:?}"
+    );
+    assert_eq!(receiver.received().len(), 5, "nothing retried");
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
+}
+
 /// A receiver that takes the request and never answers: the timeout frees
 /// the slot and the message is tried again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,6 +27,8 @@ pub type Script = Arc<dyn Fn(usize, Duration) -> Reply + Send + Sync>;
 #[derive(Debug, Clone)]
 pub struct Received {
     pub at: Instant,
+    /// The request's path and query.
+    pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
@@ -70,6 +72,10 @@ impl Receiver {
                                 let mut log = log.lock().expect("log");
                                 log.push(Received {
                                     at,
+                                    path: parts
+                                        .uri
+                                        .path_and_query()
+                                        .map_or_else(String::new, ToString::to_string),
                                     headers: parts.headers,
                                     body,
                                 });

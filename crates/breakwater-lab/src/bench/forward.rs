@@ -155,6 +155,7 @@ async fn run_phases(
         max_connections: args.concurrency as usize,
         secret: Some(FORWARD_SECRET.to_owned()),
         http2: false,
+        follow_redirects: 0,
     })?;
     let sink = Arc::new(RoutedSink::new(
         database,

@@ -148,6 +148,12 @@ pub struct ForwardConfig {
     /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
     #[serde(default)]
     pub http2: bool,
+    /// Redirects followed per request (307 and 308 only: they keep the
+    /// POST and its body; to an `http://` URL or a path on the target); 0,
+    /// the default: a redirect is a permanent failure, in the DLQ with its
+    /// status and `Location`.
+    #[serde(default)]
+    pub follow_redirects: u32,
 }
 
 impl ForwardConfig {
