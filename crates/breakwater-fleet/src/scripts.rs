@@ -69,7 +69,7 @@ redis.call('PEXPIRE', KEYS[1], 3600000)
 return id
 ";
 
-/// Gives a probe slot back; with ARGV[2] = "1" counts a success in the
+/// Gives a probe slot back; with the second argument "1" counts a success in the
 /// period. KEYS: the period's slots, its success counter. ARGV: slot id,
 /// success. Returns the period's successes.
 pub const GIVE_BACK_PROBE_SLOT: &str = r"

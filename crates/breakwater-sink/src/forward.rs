@@ -17,7 +17,7 @@
 //! carried as the retry's delay; 3xx and other 4xx are *permanent*
 //! (the DLQ entry keeps the status and the start of the body), except the
 //! 307s and 308s a target's `follow_redirects` allows, which are followed
-//! with the same POST ([`redirect_target`] says where to).
+//! with the same POST (`redirect_target` says where to).
 //!
 //! Each target has its own connection pool (HTTP/1.1, or HTTP/2 with prior
 //! knowledge), at most `max_connections` requests at once, a connect

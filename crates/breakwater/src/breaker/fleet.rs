@@ -120,7 +120,7 @@ impl FleetLink {
     }
 
     /// The fleet as this node shows it in `GET /breaker`: the nodes from
-    /// their beats (see [`FleetLink::view`]), and fresh from this node
+    /// their beats (see `FleetLink::view`), and fresh from this node
     /// itself, with no Redis call: its standing, the lease holder its last
     /// beat saw, the state and record generation it follows.
     pub async fn info(&self, controller: &Controller) -> FleetInfo {
