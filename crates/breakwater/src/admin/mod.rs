@@ -20,7 +20,7 @@
 //! a trip or reset there is the fleet's. With `[fleet]`, `/breaker` adds
 //! the fleet view (nodes, lease holder, this node's standing).
 //!
-//! Requests a browser could be made to send are refused ([`guard`]: a
+//! Requests a browser could be made to send are refused (`guard`: a
 //! cross-site write, a form's content type, a `Host` that is not this
 //! loopback listener when no token is set).
 //!

@@ -4,7 +4,7 @@
 //! its own that builds itself from the `[queue]` table.
 //!
 //! Adding a backend: its crate (implementing `Queue` and `Backend`, passing
-//! `breakwater_queue::conformance_tests!`), one line in [`BACKENDS`], and
+//! `breakwater_queue::conformance_tests!`), one line in `BACKENDS`, and
 //! its keys in ARCHITECTURE.md's configuration table.
 
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! entity key live. [`Source::compile`] resolves the secrets (inline, from an
 //! environment variable, from a file), builds the signature [`Verifier`] and
 //! parses the extractors once, so the ingress does no parsing of config per
-//! request. The [`pointer`] module reads the JSON pointers out of a body.
+//! request. The `pointer` module reads the JSON pointers out of a body.
 
 pub mod config;
 mod pointer;
