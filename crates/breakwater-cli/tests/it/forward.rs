@@ -291,7 +291,8 @@ async fn a_receiver_that_never_answers_times_out_and_is_retried() {
     }
 }
 
-/// The receiver down (503) for a while: the breaker opens, nothing is
+/// The receiver down (503) for a while: the breaker opens, nothing but
+/// its half-open probes reaches the receiver while it is open, nothing is
 /// dead-lettered, and once it answers again every webhook arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
@@ -307,6 +308,7 @@ async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
     }
     all_delivered_once_back(&receiver, &ids, down_for, &http, &server).await;
     let view = http.get(&server.admin_url("/breaker")).await.json();
+    let asked = Instant::now();
     let history = view["breaker"]["history"]
         .as_array()
         .cloned()
@@ -315,6 +317,43 @@ async fn a_failing_receiver_opens_the_breaker_and_gets_everything_afterwards() {
         history.iter().any(|t| t["to"] == "open"),
         "the breaker never opened: {view}"
     );
+    // Nothing reached the receiver while the breaker was open (only its
+    // half-open probes). The transitions' times come from the history
+    // (`ago_ms`); a request is judged only when no transition lies within
+    // 30 ms of its arrival (one sent just before a transition may arrive
+    // just after it, a probe a moment after half-open began).
+    let timeline: Vec<(Instant, String)> = history
+        .iter()
+        .filter_map(|t| {
+            let ago = Duration::from_millis(t["ago_ms"].as_u64()?);
+            Some((asked.checked_sub(ago)?, t["to"].as_str()?.to_owned()))
+        })
+        .collect();
+    let margin = Duration::from_millis(30);
+    let mut while_open = Vec::new();
+    for r in receiver.received() {
+        let near = timeline.iter().any(|(t, _)| {
+            t.saturating_duration_since(r.at) < margin
+                && r.at.saturating_duration_since(*t) < margin
+        });
+        let state = timeline
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= r.at)
+            .map(|(_, s)| s.as_str());
+        if !near && state == Some("open") {
+            while_open.push(r.at.duration_since(receiver.started));
+        }
+    }
+    assert!(
+        while_open.is_empty(),
+        "requests reached the receiver while the breaker was open, at {while_open:?}: {view}"
+    );
+    // And the breaker did open while the receiver was still down.
+    let opened_while_down = timeline
+        .iter()
+        .any(|(t, s)| s == "open" && t.saturating_duration_since(receiver.started) < down_for);
+    assert!(opened_while_down, "{view}");
 }
 
 /// Two targets, one down: the other keeps receiving while the down one's
