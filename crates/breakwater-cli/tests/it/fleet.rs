@@ -160,14 +160,16 @@ fn kafka_url() -> String {
     std::env::var("BREAKWATER_TEST_KAFKA_URL").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
-/// One ingress and some workers of one deployment.
+/// One ingress and some workers of one deployment. Fields drop in this
+/// order: the processes stop before their queues are deleted (a worker
+/// still running would declare them again) and their database dropped.
 struct Fleet {
-    db: ScratchDb,
-    _queue: BrokerQueue,
-    sandbox: Sandbox,
     ingress: Server,
     workers: Vec<Option<Server>>,
     http: Http,
+    sandbox: Sandbox,
+    _queue: BrokerQueue,
+    db: ScratchDb,
 }
 
 /// The `[fleet]` table, with `extra` config after it.
