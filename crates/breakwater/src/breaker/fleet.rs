@@ -31,7 +31,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::controller::{Controller, Standing};
+use super::controller::{Controller, Standing, lock};
 use crate::telemetry;
 use crate::worker::{RemotePark, SharedParks};
 
@@ -453,10 +453,6 @@ pub fn fleet_info(view: &FleetView, prefix: &str) -> FleetInfo {
         generation: view.record.as_ref().map(|r| r.generation),
         nodes,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
