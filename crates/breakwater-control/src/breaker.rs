@@ -15,7 +15,7 @@
 //!
 //! | state | gate | leaves on |
 //! |---|---|---|
-//! | `Closed` | poll, limit = `max_concurrency` | any enabled signal trips |
+//! | `Closed` | poll, limit = the limiter's (`max_concurrency` with the limiter off) | any enabled signal trips |
 //! | `Open` | no poll, limit 0 | cool-down elapsed (checked by `evaluate`) |
 //! | `HalfOpen` | poll only with a probe slot, limit = `max_probes` | M successes; a dependency failure; a probe unanswered past `probe_timeout_ms`; a signal trips |
 //! | `Ramping` | poll, limit = step × max | step held `hold_ms` (next step, or closed after the last); a signal trips |
@@ -42,6 +42,12 @@
 //!   re-opens, the M-th success starts the ramp).
 //! - Workers read the gate lock-free from [`Breaker::shared_gate`]; the
 //!   breaker republishes it on every change.
+//! - After each tick's `evaluate`, the controller calls
+//!   [`Breaker::adjust_limit`]: while closed, the adaptive limiter
+//!   ([`crate::limiter`]) moves the limit with the applies' latencies. It
+//!   starts from `max_concurrency` (and from the ramp's last step after a
+//!   trip), moves within `[limiter.min_concurrency,
+//!   limiter.max_concurrency]`, and pauses outside `Closed`.
 //!
 //! # Signals per state
 //!
@@ -78,8 +84,9 @@
 //! - The published gate never allows polling while the state is `Open`
 //!   (outside dry-run mode).
 //! - At most `max_probes` probes are outstanding in a half-open period.
-//! - The limit never exceeds `max_concurrency` and only grows through a ramp
-//!   step, the end of the ramp, or a manual override.
+//! - The limit never exceeds the larger of `max_concurrency` and the
+//!   limiter's ceiling, and only grows through a ramp step, the end of the
+//!   ramp, a manual override, or the limiter while closed.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -91,6 +98,7 @@ use rand::rngs::SmallRng;
 use crate::config::{BreakerConfig, ConfigError};
 use crate::coordination::SharedBreaker;
 use crate::gate::{GateSnapshot, SharedGate};
+use crate::limiter::{LimitChange, Limiter};
 use crate::probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};
 use crate::ramp;
 use crate::reason::{Reason, State, Transition};
@@ -144,6 +152,8 @@ pub struct Breaker<A: ProbeAdmission = LocalProbeAdmission> {
     /// service could not connect): why, in words.
     unreachable: Option<String>,
     history: VecDeque<Transition>,
+    /// The closed limit, when `limiter.enabled`.
+    limiter: Limiter,
     rng: SmallRng,
     shared: Arc<SharedGate>,
     published: GateSnapshot,
@@ -186,7 +196,12 @@ impl<A: ProbeAdmission> Breaker<A> {
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let initial = GateSnapshot::closed(config.max_concurrency);
+        let limiter_cfg = crate::config::LimiterConfig {
+            max_concurrency: config.limiter.ceiling(config.max_concurrency),
+            ..config.limiter.clone()
+        };
         Ok(Self {
+            limiter: Limiter::new(limiter_cfg, config.max_concurrency, 0),
             outcomes: OutcomeSignals::new(&config.failure_ratio, &config.slow_calls),
             queue: QueueSignals::new(&config.dlq, &config.in_flight),
             lock_wait: LockWaitSignal::new(&config.lock_wait),
@@ -225,6 +240,9 @@ impl<A: ProbeAdmission> Breaker<A> {
     pub fn limit(&self) -> u32 {
         let max = self.cfg.max_concurrency;
         match self.state {
+            State::Closed if self.cfg.limiter.enabled && self.limiter.is_active() => {
+                self.limiter.limit()
+            }
             State::Closed => max,
             State::Open => 0,
             State::HalfOpen => self.cfg.half_open.max_probes.min(max),
@@ -280,6 +298,11 @@ impl<A: ProbeAdmission> Breaker<A> {
         }
         let now_ms = self.ms(now);
         self.outcomes.record(outcome, now_ms);
+        match outcome.class {
+            OutcomeClass::Success => self.limiter.record(outcome.latency, false),
+            OutcomeClass::Dependency => self.limiter.record(outcome.latency, true),
+            OutcomeClass::Permanent | OutcomeClass::KeyContention => {}
+        }
         if self.cfg.dry_run && self.manual.is_none() && self.state == State::HalfOpen {
             return self.probe_result(outcome.class, now);
         }
@@ -457,6 +480,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                 .remaining_ms
                 .and_then(|r| now.checked_add(Duration::from_millis(r))),
         });
+        self.hand_over(from, v.state, now);
         self.state = v.state;
         self.since = now
             .checked_sub(Duration::from_millis(v.in_state_ms))
@@ -547,6 +571,19 @@ impl<A: ProbeAdmission> Breaker<A> {
             }
             State::Closed => self.first_trip(now).map(|r| self.go(State::Open, r, now)),
         }
+    }
+
+    /// Closed, with no manual override: lets the limiter judge its window
+    /// and publishes the limit if it moved. The controller calls it on each
+    /// tick after [`Breaker::evaluate`] (on every node of a fleet: each
+    /// node's limit is its own).
+    pub fn adjust_limit(&mut self, now: Instant) -> Option<LimitChange> {
+        if !self.cfg.limiter.enabled || self.state != State::Closed || self.manual.is_some() {
+            return None;
+        }
+        let change = self.limiter.judge(self.ms(now))?;
+        self.publish();
+        Some(change)
     }
 
     /// Half-open with a probe of this breaker's own unanswered past
@@ -739,6 +776,11 @@ impl<A: ProbeAdmission> Breaker<A> {
             state: self.state,
             gate: self.published,
             limit: self.limit(),
+            limiter: self
+                .cfg
+                .limiter
+                .enabled
+                .then(|| self.limiter.status(self.ms(now))),
             in_state_ms: millis(in_state),
             reason: last.map(|t| t.reason.clone()),
             message: last.map(|t| t.reason.to_string()),
@@ -877,6 +919,7 @@ impl<A: ProbeAdmission> Breaker<A> {
             }
             State::Closed => self.opens_since_close = 0,
         }
+        self.hand_over(from, to, now);
         self.state = to;
         self.since = now;
         let t = Transition {
@@ -890,6 +933,17 @@ impl<A: ProbeAdmission> Breaker<A> {
         self.remember(t.clone());
         self.publish();
         t
+    }
+
+    /// The limit passes between the breaker and the limiter: closed, the
+    /// limiter takes over from the ramp's last limit; elsewhere it pauses.
+    fn hand_over(&mut self, from: State, to: State, now: Instant) {
+        if to != State::Closed {
+            self.limiter.pause();
+        } else if from != State::Closed || !self.limiter.is_active() {
+            let now_ms = self.ms(now);
+            let _ = self.limiter.resume(self.cfg.max_concurrency, now_ms);
+        }
     }
 
     fn publish(&mut self) {

@@ -78,6 +78,8 @@ pub struct BreakerConfig {
     pub lock_wait: LockWaitConfig,
     /// Database lock waiters (`pg_stat_activity`).
     pub db_lock_waiters: DbLockWaitersConfig,
+    /// The adaptive limit while closed.
+    pub limiter: LimiterConfig,
 }
 
 impl Default for BreakerConfig {
@@ -95,6 +97,7 @@ impl Default for BreakerConfig {
             in_flight: InFlightConfig::default(),
             lock_wait: LockWaitConfig::default(),
             db_lock_waiters: DbLockWaitersConfig::default(),
+            limiter: LimiterConfig::default(),
         }
     }
 }
@@ -403,6 +406,60 @@ impl Default for DbLockWaitersConfig {
     }
 }
 
+/// The adaptive concurrency limiter (see [`crate::limiter`]): while the
+/// breaker is closed, the limit moves between `min_concurrency` and
+/// `max_concurrency` with the applies' latencies, starting from the
+/// breaker's `max_concurrency`.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(Deserialize, Serialize),
+    serde(deny_unknown_fields, default)
+)]
+pub struct LimiterConfig {
+    /// Off: the closed limit is the breaker's `max_concurrency`, fixed.
+    pub enabled: bool,
+    /// The floor.
+    pub min_concurrency: u32,
+    /// The ceiling; 0 = the breaker's `max_concurrency` (the limiter then
+    /// only lowers it). The service never lets it pass the sink's pool.
+    pub max_concurrency: u32,
+    /// A window is judged once it is this old, milliseconds...
+    pub window_ms: u64,
+    /// ...and holds this many finished calls.
+    pub min_samples: u32,
+    /// Mean latency may reach this multiple of the baseline (plus the
+    /// slack) before the limit falls; at half the way it may rise.
+    pub tolerance: f64,
+    /// Latency differences this small are noise, milliseconds.
+    pub latency_slack_ms: u64,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_concurrency: 1,
+            max_concurrency: 0,
+            window_ms: 250,
+            min_samples: 10,
+            tolerance: 2.0,
+            latency_slack_ms: 5,
+        }
+    }
+}
+
+impl LimiterConfig {
+    /// The ceiling, with 0 read as `breaker_max`.
+    pub fn ceiling(&self, breaker_max: u32) -> u32 {
+        if self.max_concurrency == 0 {
+            breaker_max
+        } else {
+            self.max_concurrency
+        }
+    }
+}
+
 fn ratio(key: &'static str, v: f64) -> Result<(), ConfigError> {
     if (0.0..=1.0).contains(&v) {
         Ok(())
@@ -506,6 +563,35 @@ impl BreakerConfig {
             "db_lock_waiters.sample_ttl_ms",
             self.db_lock_waiters.sample_ttl_ms,
         )?;
+
+        let m = &self.limiter;
+        positive("limiter.min_concurrency", u64::from(m.min_concurrency))?;
+        if m.min_concurrency > self.max_concurrency {
+            return Err(ConfigError::new(
+                "limiter.min_concurrency",
+                format!(
+                    "{} is above the concurrency the breaker starts from ({})",
+                    m.min_concurrency, self.max_concurrency
+                ),
+            ));
+        }
+        if m.max_concurrency != 0 && m.max_concurrency < m.min_concurrency {
+            return Err(ConfigError::new(
+                "limiter.max_concurrency",
+                format!(
+                    "{} is below limiter.min_concurrency ({})",
+                    m.max_concurrency, m.min_concurrency
+                ),
+            ));
+        }
+        positive("limiter.window_ms", m.window_ms)?;
+        positive("limiter.min_samples", u64::from(m.min_samples))?;
+        if !(m.tolerance.is_finite() && m.tolerance > 1.0) {
+            return Err(ConfigError::new(
+                "limiter.tolerance",
+                format!("{} is not a multiple above 1.0", m.tolerance),
+            ));
+        }
         Ok(())
     }
 }

@@ -45,6 +45,7 @@
 //! | [`config`] | the `[breaker]` table, defaults and validation |
 //! | [`signals`] | the six trip signals |
 //! | [`gate`] | [`GateSnapshot`] and the lock-free [`SharedGate`] |
+//! | [`limiter`] | the adaptive concurrency limit while closed |
 //! | [`probe`] | half-open probe admission ([`ProbeAdmission`]) |
 //! | [`contention`] | one hot key's lock trouble told from the database's |
 //! | [`coordination`] | the async seams a fleet plugs into: the shared breaker record and fleet-wide probe slots, with one-node stores |
@@ -61,6 +62,7 @@ pub mod config;
 pub mod contention;
 pub mod coordination;
 pub mod gate;
+pub mod limiter;
 pub mod probe;
 pub mod ramp;
 pub mod reason;
@@ -72,7 +74,7 @@ pub use backoff::{BackoffPolicy, Jitter};
 pub use breaker::Breaker;
 pub use config::{
     BreakerConfig, ConfigError, CoolDownConfig, DbLockWaitersConfig, DlqConfig, FailureRatioConfig,
-    HalfOpenConfig, InFlightConfig, LockWaitConfig, RampConfig, SlowCallConfig,
+    HalfOpenConfig, InFlightConfig, LimiterConfig, LockWaitConfig, RampConfig, SlowCallConfig,
 };
 pub use contention::KeyContention;
 pub use coordination::{
@@ -80,6 +82,7 @@ pub use coordination::{
     ProbeSlots, SharedBreaker, Version,
 };
 pub use gate::{GateSnapshot, SharedGate};
+pub use limiter::{LimitChange, LimitReason, Limiter, LimiterStatus};
 pub use probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};
 pub use reason::{Reason, State, Transition};
 pub use signals::SignalKind;

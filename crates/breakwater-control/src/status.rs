@@ -21,6 +21,9 @@ pub struct BreakerStatus {
     pub gate: GateSnapshot,
     /// The breaker's own concurrency limit.
     pub limit: u32,
+    /// The adaptive limiter, when enabled.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub limiter: Option<crate::limiter::LimiterStatus>,
     /// Time in the current state (or ramp step), milliseconds.
     pub in_state_ms: u64,
     /// Why the breaker is in this state (the last transition's reason).

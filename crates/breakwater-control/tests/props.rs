@@ -3,15 +3,17 @@
 //!
 //! - no poll is allowed while the breaker is open;
 //! - probes outstanding in a half-open period never exceed `max_probes`;
-//! - the limit never exceeds `max_concurrency`, and the polling limit only
-//!   grows through the ramp (entering it, a step, its end) or a manual close.
+//! - the limit never exceeds `max_concurrency` (or the limiter's ceiling,
+//!   if higher), and the polling limit only grows through the ramp
+//!   (entering it, a step, its end), a manual close, or the limiter while
+//!   closed, within its floor and ceiling.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use breakwater_control::ramp::step_limit;
 use breakwater_control::{
-    Breaker, BreakerConfig, Heartbeat, Outcome, OutcomeClass, ProbeTicket, QueueSample, Reason,
+    Breaker, BreakerConfig, Heartbeat, LimitChange, LimitReason, Outcome, OutcomeClass, ProbeTicket, QueueSample, Reason,
     State, Transition, WorkerState,
 };
 use proptest::prelude::*;
@@ -29,6 +31,7 @@ enum Op {
     ForceOpen(Option<u64>),
     ForceClosed(Option<u64>),
     Clear,
+    AdjustLimit,
 }
 
 fn class() -> impl Strategy<Value = OutcomeClass> {
@@ -52,6 +55,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => proptest::option::of(0u64..10_000).prop_map(Op::ForceOpen),
         1 => proptest::option::of(0u64..10_000).prop_map(Op::ForceClosed),
         1 => Just(Op::Clear),
+        6 => Just(Op::AdjustLimit),
     ]
 }
 
@@ -64,8 +68,9 @@ fn config() -> impl Strategy<Value = BreakerConfig> {
         100u64..2_000,
         100u64..3_000,
         500u64..5_000,
+        (any::<bool>(), 1u32..200, prop_oneof![Just(0u32), 1u32..400]),
     )
-        .prop_map(|(max, probes, successes, steps, base, hold, timeout)| {
+        .prop_map(|(max, probes, successes, steps, base, hold, timeout, limiter)| {
             let mut c = BreakerConfig {
                 max_concurrency: max,
                 ..BreakerConfig::default()
@@ -81,6 +86,12 @@ fn config() -> impl Strategy<Value = BreakerConfig> {
             c.slow_calls.min_calls = 5;
             c.dlq.enabled = true;
             c.dlq.max_per_sec = 1.0;
+            let (enabled, floor, ceiling) = limiter;
+            c.limiter.enabled = enabled;
+            c.limiter.min_concurrency = floor.min(max);
+            c.limiter.max_concurrency = if ceiling == 0 { 0 } else { ceiling.max(c.limiter.min_concurrency) };
+            c.limiter.min_samples = 3;
+            c.limiter.window_ms = 200;
             c
         })
 }
@@ -95,6 +106,7 @@ fn polling_limit(b: &Breaker) -> u32 {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check_growth(
     cfg: &BreakerConfig,
     before: u32,
@@ -102,9 +114,16 @@ fn check_growth(
     prev_step: Option<usize>,
     b: &Breaker,
     t: Option<&Transition>,
+    limit_change: Option<&LimitChange>,
     now: Instant,
 ) -> Result<(), TestCaseError> {
     if after <= before {
+        return Ok(());
+    }
+    if let Some(c) = limit_change {
+        prop_assert_eq!(c.reason, LimitReason::LatencyAtBaseline);
+        prop_assert_eq!((c.from, c.to), (before, after));
+        prop_assert_eq!(b.state(), State::Closed);
         return Ok(());
     }
     let t = t.ok_or_else(|| TestCaseError::fail("limit grew without a transition"))?;
@@ -145,7 +164,7 @@ proptest! {
         let mut now = t0;
         let mut b = Breaker::with_seed(cfg.clone(), 7, now).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let gate = b.shared_gate();
-        let max = cfg.max_concurrency;
+        let max = cfg.max_concurrency.max(cfg.limiter.ceiling(cfg.max_concurrency));
         let n = cfg.half_open.max_probes;
         let mut tickets: Vec<ProbeTicket> = Vec::new();
         let mut open_by_period: HashMap<u64, HashSet<u64>> = HashMap::new();
@@ -154,6 +173,7 @@ proptest! {
         for op in ops {
             let before = polling_limit(&b);
             let prev_step = b.status(now).ramp.map(|r| r.step);
+            let mut limit_change = None;
             let t: Option<Transition> = match op {
                 Op::Advance(ms) => { now += Duration::from_millis(ms); None }
                 Op::Evaluate => b.evaluate(now),
@@ -198,6 +218,10 @@ proptest! {
                 Op::ForceOpen(ttl) => Some(b.force_open("prop", ttl.map(Duration::from_millis), now)),
                 Op::ForceClosed(ttl) => Some(b.force_closed(ttl.map(Duration::from_millis), now)),
                 Op::Clear => b.clear_override(now),
+                Op::AdjustLimit => {
+                    limit_change = b.adjust_limit(now);
+                    None
+                }
             };
 
             let g = b.gate();
@@ -220,7 +244,13 @@ proptest! {
             // Limits.
             prop_assert!(g.limit <= max);
             prop_assert!(b.limit() <= max);
-            check_growth(&cfg, before, polling_limit(&b), prev_step, &b, t.as_ref(), now)?;
+            if let Some(c) = &limit_change {
+                prop_assert!(cfg.limiter.enabled);
+                prop_assert!(c.to >= cfg.limiter.min_concurrency);
+                prop_assert!(c.to <= cfg.limiter.ceiling(cfg.max_concurrency));
+                prop_assert_eq!(g.limit, c.to);
+            }
+            check_growth(&cfg, before, polling_limit(&b), prev_step, &b, t.as_ref(), limit_change.as_ref(), now)?;
             if let Some(t) = &t {
                 prop_assert!(!t.dry_run);
                 prop_assert_eq!(t.to, b.state());

@@ -995,3 +995,57 @@ fn other_nodes_outcomes_feed_the_failure_ratio() {
         "{t:?}"
     );
 }
+
+#[test]
+fn the_limiter_sets_the_closed_limit_and_hands_over_to_the_ramp() {
+    let mut c = cfg();
+    c.limiter.max_concurrency = 160;
+    let mut h = H::new(c);
+    // A far dependency: every call 200 ms, 100 of them running at once.
+    let far = Duration::from_millis(200);
+    let mut limit = h.b.gate().limit;
+    assert_eq!(limit, 100);
+    for _ in 0..3 {
+        h.outcomes(usize::try_from(limit).expect("fits"), Outcome::success(far));
+        h.advance(60);
+        let change = h.b.adjust_limit(h.now).expect("the limit moves up");
+        assert_eq!(change.reason, crate::LimitReason::LatencyAtBaseline);
+        assert_eq!(h.b.gate().limit, change.to, "published at once");
+        limit = change.to;
+    }
+    assert!(limit > 100, "{limit}");
+    assert_eq!(h.b.status(h.now).limiter.map(|l| l.limit), Some(limit));
+    // A trip: the breaker owns the limit until the ramp completes.
+    h.outcomes(2_000, Outcome::dependency(FAST));
+    assert_eq!(h.tick(100).map(|t| t.to), Some(State::Open));
+    assert_eq!(h.b.adjust_limit(h.now), None);
+    h.wait_half_open();
+    h.probes_succeed();
+    h.outcomes(50, Outcome::success(far));
+    assert_eq!(h.b.adjust_limit(h.now), None, "not while ramping");
+    assert_eq!(h.b.gate().limit, 10, "the ramp's first step");
+    loop {
+        if let Some(t) = h.tick(1_000) {
+            if t.to == State::Closed {
+                break;
+            }
+        }
+    }
+    // Back to the ramp's last limit, not the limiter's old one.
+    assert_eq!(h.b.gate().limit, 100);
+    let s = h.b.status(h.now).limiter.expect("enabled");
+    assert!(s.active);
+    assert_eq!(s.last_change.map(|c| c.reason), Some(crate::LimitReason::Resumed));
+}
+
+#[test]
+fn with_the_limiter_off_the_closed_limit_is_fixed() {
+    let mut c = cfg();
+    c.limiter.enabled = false;
+    let mut h = H::new(c);
+    h.outcomes(100, Outcome::success(Duration::from_millis(200)));
+    h.advance(60);
+    assert_eq!(h.b.adjust_limit(h.now), None);
+    assert_eq!(h.b.gate().limit, 100);
+    assert_eq!(h.b.status(h.now).limiter, None);
+}

@@ -1,0 +1,499 @@
+//! The adaptive concurrency limiter: how many applies run at once while the
+//! breaker is closed.
+//!
+//! The breaker answers "may we call the database at all?"; between its
+//! fixed limit and "open" it had nothing. The limiter moves the closed
+//! limit with what the applies' latencies say, so a database that starts to
+//! queue gets less work before the breaker has to trip, and a database that
+//! is far away (every call slow, none waiting) gets more requests in
+//! flight.
+//!
+//! # The rule, once per window
+//!
+//! A window closes when it is at least `window_ms` old and holds at least
+//! `min_samples` finished calls (a quiet window that runs past ten times
+//! `window_ms` is dropped unjudged). From its calls:
+//!
+//! - `baseline`: the learned no-load latency, the fastest call of this
+//!   window and the one before (what a call costs with nothing queued in
+//!   front of it: the round trips and the work; one window of memory so a
+//!   window where every call queued does not teach a queue as the baseline);
+//! - `latency`: the mean latency of the window's calls;
+//! - `in use`: the mean number of calls running, by Little's law the sum of
+//!   their latencies over the window's length.
+//!
+//! Then, in this order:
+//!
+//! | condition | new limit | reason |
+//! |---|---|---|
+//! | `in use` under half the limit | unchanged: the limit is not what bounds the work, so it says nothing about it | - |
+//! | dependency failures in the window | `limit x max(0.5, 1 - failure ratio)`, at most `limit x 0.9` | `failures` |
+//! | `latency > tolerance x baseline + slack` | `limit x clamp((tolerance x baseline + slack) / latency, 0.5, 0.9)` | `latency_rising` |
+//! | `latency <= (1 + (tolerance - 1) / 2) x baseline + slack` | `limit + max(1, sqrt(limit))` | `latency_at_baseline` |
+//! | between the two | unchanged (the dead band that keeps a steady latency from flapping) | - |
+//!
+//! always within `[min_concurrency, max_concurrency]`.
+//!
+//! Why this shape (ARCHITECTURE.md has the longer comparison): it is
+//! Vegas's question (is there a queue in the dependency?) asked the way
+//! Gradient2 asks it (a latency ratio against a tolerance, moving the limit
+//! by that ratio), with the baseline taken from the fastest recent calls
+//! rather than a long average: a long average learns a far-away database
+//! only after tens of seconds of backing off, and learns an overloaded one
+//! as normal. A database that moved far away makes every call slow alike,
+//! so the fastest and the mean stay close and the limit rises; a database
+//! that queues spreads the calls out, and the limit falls. The `slack`
+//! keeps loopback jitter (1 ms against 3 ms) from looking like a queue.
+//!
+//! # Hand-over with the breaker
+//!
+//! The breaker owns the limit outside `Closed` (open: 0, half-open: the
+//! probes, ramping: the ramp's steps). On reaching `Closed` it hands the
+//! limiter the ramp's last limit ([`Limiter::resume`]); on leaving it the
+//! limiter's window is dropped ([`Limiter::pause`]), so calls made under
+//! the ramp or the probes are never judged as the limiter's own.
+
+use std::time::Duration;
+
+#[cfg(feature = "serde")]
+use serde::{Deserialize, Serialize};
+
+use crate::config::LimiterConfig;
+
+/// Windows a quiet window may last, in `window_ms`, before it is dropped.
+const QUIET_WINDOWS: u64 = 10;
+/// The most a window may cut the limit to, and the least.
+const MOST_CUT: f64 = 0.5;
+const LEAST_CUT: f64 = 0.9;
+
+/// Why the limit last moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum LimitReason {
+    /// Set from outside: the start, or the breaker's ramp handing over.
+    Resumed,
+    /// Dependency failures in the window.
+    Failures,
+    /// The window's mean latency rose past the tolerance over the baseline.
+    LatencyRising,
+    /// The limit was in use and latency stayed at the baseline.
+    LatencyAtBaseline,
+}
+
+impl LimitReason {
+    /// The reason as a label (metrics, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resumed => "resumed",
+            Self::Failures => "failures",
+            Self::LatencyRising => "latency_rising",
+            Self::LatencyAtBaseline => "latency_at_baseline",
+        }
+    }
+}
+
+/// One move of the limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub struct LimitChange {
+    /// The limit before.
+    pub from: u32,
+    /// The limit after.
+    pub to: u32,
+    /// Why.
+    pub reason: LimitReason,
+    /// The window's mean latency, milliseconds (none for `resumed`).
+    pub latency_ms: Option<f64>,
+    /// The baseline it was judged against, milliseconds.
+    pub baseline_ms: Option<f64>,
+    /// The window's dependency failures and calls.
+    pub failures: u32,
+    pub calls: u32,
+}
+
+impl std::fmt::Display for LimitChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "concurrency limit {} -> {}: ", self.from, self.to)?;
+        match (self.reason, self.latency_ms, self.baseline_ms) {
+            (LimitReason::Failures, ..) => write!(
+                f,
+                "{} of {} calls failed on the dependency",
+                self.failures, self.calls
+            ),
+            (LimitReason::LatencyRising, Some(l), Some(b)) => {
+                write!(f, "latency {l:.1} ms against a baseline of {b:.1} ms")
+            }
+            (LimitReason::LatencyAtBaseline, Some(l), Some(b)) => write!(
+                f,
+                "in use, latency {l:.1} ms at the baseline of {b:.1} ms"
+            ),
+            (reason, ..) => f.write_str(reason.as_str()),
+        }
+    }
+}
+
+/// What the limiter shows in `GET /breaker`.
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
+pub struct LimiterStatus {
+    /// Whether the limiter sets the closed limit now (false outside
+    /// `Closed`, where the breaker sets it).
+    pub active: bool,
+    /// The limit it holds.
+    pub limit: u32,
+    /// Its floor and ceiling.
+    pub min: u32,
+    pub max: u32,
+    /// The learned no-load latency, milliseconds.
+    pub baseline_ms: Option<f64>,
+    /// The last judged window's mean latency, milliseconds.
+    pub latency_ms: Option<f64>,
+    /// The last move, and how long ago (milliseconds).
+    pub last_change: Option<LimitChange>,
+    pub last_change_ago_ms: Option<u64>,
+}
+
+/// The calls of the window being filled.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start_ms: u64,
+    calls: u32,
+    failures: u32,
+    latency_sum: Duration,
+    fastest: Option<Duration>,
+}
+
+impl Window {
+    fn new(start_ms: u64) -> Self {
+        Self {
+            start_ms,
+            calls: 0,
+            failures: 0,
+            latency_sum: Duration::ZERO,
+            fastest: None,
+        }
+    }
+}
+
+/// The limiter; see the module docs for the rule.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    cfg: LimiterConfig,
+    /// Kept fractional so small steps add up; published rounded down.
+    limit: f64,
+    active: bool,
+    window: Window,
+    /// The fastest call of the last judged window.
+    last_fastest: Option<Duration>,
+    baseline: Option<Duration>,
+    latency: Option<Duration>,
+    last_change: Option<(u64, LimitChange)>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Limiter {
+    /// A limiter holding `start` (clamped into its bounds), active.
+    /// `cfg` must have passed [`crate::BreakerConfig::validate`].
+    pub fn new(cfg: LimiterConfig, start: u32, now_ms: u64) -> Self {
+        let mut l = Self {
+            limit: 0.0,
+            active: true,
+            window: Window::new(now_ms),
+            last_fastest: None,
+            baseline: None,
+            latency: None,
+            last_change: None,
+            cfg,
+        };
+        l.limit = l.clamp(f64::from(start));
+        l
+    }
+
+    fn clamp(&self, limit: f64) -> f64 {
+        limit.clamp(
+            f64::from(self.cfg.min_concurrency),
+            f64::from(self.cfg.max_concurrency.max(self.cfg.min_concurrency)),
+        )
+    }
+
+    /// The limit to publish.
+    pub fn limit(&self) -> u32 {
+        // Within [min, max] of u32s, so it fits.
+        self.limit.floor() as u32
+    }
+
+    /// Whether the limiter sets the limit now.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// The breaker left `Closed`: the window is dropped and nothing is
+    /// judged until [`Limiter::resume`].
+    pub fn pause(&mut self) {
+        self.active = false;
+    }
+
+    /// The breaker is `Closed` again, at `limit` (the ramp's last step):
+    /// the limiter takes over from there with an empty window.
+    pub fn resume(&mut self, limit: u32, now_ms: u64) -> Option<LimitChange> {
+        self.active = true;
+        self.window = Window::new(now_ms);
+        self.last_fastest = None;
+        let from = self.limit();
+        self.limit = self.clamp(f64::from(limit));
+        self.changed(from, LimitReason::Resumed, now_ms)
+    }
+
+    /// Counts one finished call (successes and dependency failures; not
+    /// permanent failures or a hot key's lock timeouts, which say nothing
+    /// about the database's capacity).
+    pub fn record(&mut self, latency: Duration, failed: bool) {
+        if !self.active {
+            return;
+        }
+        let w = &mut self.window;
+        w.calls = w.calls.saturating_add(1);
+        w.failures = w.failures.saturating_add(u32::from(failed));
+        w.latency_sum = w.latency_sum.saturating_add(latency);
+        // A failure's latency is the timeout's, not the database's cost.
+        if !failed {
+            w.fastest = Some(w.fastest.map_or(latency, |f| f.min(latency)));
+        }
+    }
+
+    /// Judges the window if it is complete: the limit's move, if it moved.
+    pub fn judge(&mut self, now_ms: u64) -> Option<LimitChange> {
+        if !self.active {
+            return None;
+        }
+        let w = self.window;
+        let age = now_ms.saturating_sub(w.start_ms);
+        if age < self.cfg.window_ms || w.calls < self.cfg.min_samples {
+            if age > self.cfg.window_ms.saturating_mul(QUIET_WINDOWS) {
+                self.window = Window::new(now_ms);
+            }
+            return None;
+        }
+        self.window = Window::new(now_ms);
+        let latency = w.latency_sum / w.calls;
+        let baseline = match (w.fastest, self.last_fastest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.last_fastest = w.fastest;
+        self.latency = Some(latency);
+        if baseline.is_some() {
+            self.baseline = baseline;
+        }
+        // Little's law: the mean number of calls running in the window.
+        let in_use = w.latency_sum.as_secs_f64() / (age as f64 / 1000.0);
+        if in_use < self.limit / 2.0 {
+            return None;
+        }
+        let from = self.limit();
+        let (limit, reason) = if w.failures > 0 {
+            let ratio = f64::from(w.failures) / f64::from(w.calls);
+            let cut = (1.0 - ratio).clamp(MOST_CUT, LEAST_CUT);
+            (self.limit * cut, LimitReason::Failures)
+        } else {
+            let Some(base) = baseline else {
+                return None;
+            };
+            let slack = ms(Duration::from_millis(self.cfg.latency_slack_ms));
+            let tolerance = self.cfg.tolerance;
+            let high = tolerance * ms(base) + slack;
+            let low = (1.0 + (tolerance - 1.0) / 2.0) * ms(base) + slack;
+            let mean = ms(latency);
+            if mean > high {
+                let cut = (high / mean).clamp(MOST_CUT, LEAST_CUT);
+                (self.limit * cut, LimitReason::LatencyRising)
+            } else if mean <= low {
+                (
+                    self.limit + self.limit.sqrt().max(1.0),
+                    LimitReason::LatencyAtBaseline,
+                )
+            } else {
+                return None;
+            }
+        };
+        // A cut always takes at least one off, so a small limit still moves.
+        let limit = if reason == LimitReason::LatencyAtBaseline {
+            limit
+        } else {
+            limit.min(self.limit - 1.0)
+        };
+        self.limit = self.clamp(limit);
+        let change = self.changed(from, reason, now_ms)?;
+        Some(LimitChange {
+            latency_ms: Some(ms(latency)),
+            baseline_ms: baseline.map(ms),
+            failures: w.failures,
+            calls: w.calls,
+            ..change
+        })
+        .inspect(|c| self.last_change = Some((now_ms, *c)))
+    }
+
+    fn changed(&mut self, from: u32, reason: LimitReason, now_ms: u64) -> Option<LimitChange> {
+        let to = self.limit();
+        (to != from).then(|| {
+            let c = LimitChange {
+                from,
+                to,
+                reason,
+                latency_ms: None,
+                baseline_ms: None,
+                failures: 0,
+                calls: 0,
+            };
+            self.last_change = Some((now_ms, c));
+            c
+        })
+    }
+
+    /// What `GET /breaker` shows.
+    pub fn status(&self, now_ms: u64) -> LimiterStatus {
+        LimiterStatus {
+            active: self.active,
+            limit: self.limit(),
+            min: self.cfg.min_concurrency,
+            max: self.cfg.max_concurrency,
+            baseline_ms: self.baseline.map(ms),
+            latency_ms: self.latency.map(ms),
+            last_change: self.last_change.map(|(_, c)| c),
+            last_change_ago_ms: self.last_change.map(|(at, _)| now_ms.saturating_sub(at)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> LimiterConfig {
+        LimiterConfig {
+            enabled: true,
+            min_concurrency: 2,
+            max_concurrency: 64,
+            window_ms: 250,
+            min_samples: 10,
+            tolerance: 2.0,
+            latency_slack_ms: 2,
+        }
+    }
+
+    /// Runs one window of `calls` calls at `latency` each (`failures` of
+    /// them failed), as many running at once as `in_use` says.
+    fn window(l: &mut Limiter, t: &mut u64, calls: u32, latency: Duration, failed: u32) {
+        for i in 0..calls {
+            l.record(latency, i < failed);
+        }
+        *t += 250;
+        let _ = l.judge(*t);
+    }
+
+    /// Calls whose latencies sum to `in_use` x 250 ms.
+    fn calls_for(in_use: f64, latency: Duration) -> u32 {
+        ((in_use * 250.0) / ms(latency)).ceil().max(10.0) as u32
+    }
+
+    #[test]
+    fn a_far_dependency_with_work_waiting_gets_more_in_flight() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 16, t);
+        let far = Duration::from_millis(160);
+        for _ in 0..20 {
+            let n = calls_for(f64::from(l.limit()), far);
+            window(&mut l, &mut t, n, far, 0);
+        }
+        assert_eq!(l.limit(), 64);
+        let last = l.status(t).last_change.map(|c| c.reason);
+        assert_eq!(last, Some(LimitReason::LatencyAtBaseline));
+    }
+
+    #[test]
+    fn a_queue_in_the_dependency_cuts_the_limit_by_the_latency_ratio() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 20, t);
+        // Fastest call 2 ms, mean 60 ms: the high mark is 2 x 2 + 2 = 6 ms.
+        l.record(Duration::from_millis(2), false);
+        for _ in 0..99 {
+            l.record(Duration::from_micros(60_586), false);
+        }
+        t += 250;
+        let c = l.judge(t).expect("the limit moves");
+        assert_eq!((c.from, c.to, c.reason), (20, 10, LimitReason::LatencyRising));
+        assert!(c.to_string().contains("against a baseline of 2.0 ms"), "{c}");
+    }
+
+    #[test]
+    fn failures_cut_by_their_ratio_and_at_least_one() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 20, t);
+        window(&mut l, &mut t, 100, Duration::from_millis(60), 30);
+        assert_eq!(l.limit(), 14);
+        let mut l = Limiter::new(cfg(), 3, 0);
+        let mut t = 0;
+        window(&mut l, &mut t, 20, Duration::from_millis(60), 1);
+        assert_eq!(l.limit(), 2, "0.9 x 3 rounds to 2, and a cut takes one off");
+    }
+
+    #[test]
+    fn a_limit_not_in_use_says_nothing_and_does_not_move() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 16, t);
+        // 150/s at 3 ms: under one call running on average.
+        for _ in 0..40 {
+            window(&mut l, &mut t, 38, Duration::from_millis(3), 5);
+        }
+        assert_eq!(l.limit(), 16);
+        assert_eq!(l.status(t).last_change, None);
+    }
+
+    #[test]
+    fn loopback_jitter_is_not_a_queue() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 8, t);
+        for _ in 0..10 {
+            // 1 ms fastest, 3.8 ms mean: over the low mark (1.5 x 1 + 2)
+            // but not the high one (2 x 1 + 2): the dead band, held.
+            l.record(Duration::from_millis(1), false);
+            for _ in 0..600 {
+                l.record(Duration::from_micros(3_800), false);
+            }
+            t += 250;
+            assert_eq!(l.judge(t), None);
+        }
+        assert_eq!(l.limit(), 8);
+    }
+
+    #[test]
+    fn a_quiet_window_is_dropped_unjudged() {
+        let mut l = Limiter::new(cfg(), 16, 0);
+        for _ in 0..9 {
+            l.record(Duration::from_secs(1), true);
+        }
+        assert_eq!(l.judge(2_000), None);
+        assert_eq!(l.judge(2_600), None, "dropped past 10 windows");
+        l.record(Duration::from_secs(1), true);
+        assert_eq!(l.judge(2_700), None, "one call in the new window");
+        assert_eq!(l.limit(), 16);
+    }
+
+    #[test]
+    fn paused_it_ignores_calls_and_resumes_where_the_ramp_ended() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 40, t);
+        l.pause();
+        window(&mut l, &mut t, 200, Duration::from_millis(60), 200);
+        assert_eq!(l.limit(), 40);
+        let c = l.resume(16, t).expect("moved");
+        assert_eq!((c.from, c.to, c.reason), (40, 16, LimitReason::Resumed));
+        assert!(l.is_active());
+        assert_eq!(l.resume(100, t).map(|c| c.to), Some(64), "clamped");
+    }
+}
