@@ -323,7 +323,7 @@ pub fn statements(config: &Config) -> BTreeMap<String, Vec<StatementSpec>> {
 pub fn worker_settings(config: &Config) -> WorkerSettings {
     let w = &config.workers;
     WorkerSettings {
-        max_concurrency: w.max_concurrency,
+        max_concurrency: config.concurrency_ceiling(),
         max_attempts: w.max_attempts,
         backoff: BackoffPolicy {
             kind: match w.backoff_jitter {
@@ -337,7 +337,7 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
         lease: Duration::from_millis(config.queue.lease_ms),
         lanes: LaneSettings {
             per_key: w.per_key_concurrency,
-            max_held: (w.max_concurrency as usize * 4).max(32),
+            max_held: (config.concurrency_ceiling() as usize * 4).max(32),
             ..LaneSettings::default()
         },
     }
@@ -480,11 +480,11 @@ pub async fn start_with(
         None => None,
     };
     let controller = if runs_workers || fleet.is_some() {
-        let mut breaker_config = config.breaker.clone();
-        // One knob for the pool size: the breaker's maximum is the workers'.
-        breaker_config.max_concurrency = config.workers.max_concurrency;
+        // One knob for the pool size: the breaker's maximum is the workers';
+        // the limiter may take it up to its ceiling.
+        let breaker_config = config.breaker_config();
         let workers = if runs_workers {
-            config.workers.max_concurrency as usize
+            config.concurrency_ceiling() as usize
         } else {
             0
         };

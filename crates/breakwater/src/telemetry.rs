@@ -30,6 +30,9 @@ pub const SINK_FAILURES: &str = "breakwater_sink_failures_total";
 pub const BREAKER_STATE: &str = "breakwater_breaker_state";
 /// Breaker concurrency limit.
 pub const BREAKER_LIMIT: &str = "breakwater_breaker_concurrency_limit";
+/// Moves of the adaptive limiter, by `reason` (`failures`,
+/// `latency_rising`, `latency_at_baseline`, `resumed`).
+pub const LIMITER_CHANGES: &str = "breakwater_limiter_changes_total";
 /// Breaker transitions, by `to`.
 pub const BREAKER_TRANSITIONS: &str = "breakwater_breaker_transitions_total";
 /// Database sessions waiting on a lock (PostgreSQL sink).

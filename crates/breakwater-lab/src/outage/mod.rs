@@ -18,12 +18,20 @@
 //! | `slow-db` | the proxy delays every chunk both ways (`--latency-ms`) |
 //! | `db-down` | the proxy resets every connection and refuses new ones |
 //! | `poison` | no fault; 10% of the events violate a CHECK constraint |
+//! | `overload` | `--overload-sessions` other sessions run a CPU-heavy query in a loop, straight to PostgreSQL |
 //!
 //! **Naive mode** is the antipattern from the design, for comparison only:
 //! 32 workers on a pool of 20, no lock timeout (statement timeout 60 s), no
 //! breaker (dry run), no lanes, retries in the worker at a fixed 200 ms
 //! without jitter (holding the worker, as a `for attempt in 1..=3` loop
-//! does), dead-letter after 3 attempts. **Breakwater mode** is the defaults.
+//! does), dead-letter after 3 attempts. **Breakwater mode** is the defaults
+//! with a pool of `--pool-max` (64): the adaptive limiter decides how much
+//! of it is used. **Fixed mode** is Breakwater mode with the limiter off
+//! (16 applies at most, as before the limiter).
+//!
+//! Every sample also times a small query of the lab's own
+//! (`SELECT count(*)` over 100 orders, straight to PostgreSQL, not through
+//! the proxy): the database's latency for an unrelated client.
 //!
 //! Measured every 250 ms ([`Sample`]) and in total ([`ModeReport`]); how each
 //! figure is computed is documented on its field.
@@ -60,6 +68,7 @@ pub enum Scenario {
     SlowDb,
     DbDown,
     Poison,
+    Overload,
 }
 
 pub use crate::backend::LabBackend;
@@ -69,7 +78,11 @@ pub use crate::backend::LabBackend;
 pub enum ModeChoice {
     Naive,
     Breakwater,
+    Fixed,
+    /// Naive and Breakwater.
     Both,
+    /// Naive, Fixed and Breakwater.
+    All,
 }
 
 /// One consumer.
@@ -78,6 +91,8 @@ pub enum ModeChoice {
 pub enum Mode {
     Naive,
     Breakwater,
+    /// Breakwater with the adaptive limiter off.
+    Fixed,
 }
 
 impl Mode {
@@ -85,6 +100,7 @@ impl Mode {
         match self {
             Self::Naive => "naive",
             Self::Breakwater => "breakwater",
+            Self::Fixed => "fixed",
         }
     }
 }
@@ -117,6 +133,13 @@ pub struct LabArgs {
     /// slow-db: delay per chunk forwarded, each way.
     #[arg(long, default_value_t = 40)]
     pub latency_ms: u64,
+    /// overload: sessions running the heavy query loop.
+    #[arg(long, default_value_t = 2)]
+    pub overload_sessions: u32,
+    /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
+    /// the naive consumer keeps its 20, fixed mode its 16 workers.
+    #[arg(long, default_value_t = 64)]
+    pub pool_max: usize,
     /// Most seconds to wait for the backlog after the load ends.
     #[arg(long, default_value_t = 90)]
     pub drain_timeout: u64,
@@ -158,7 +181,9 @@ pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
     let modes: &[Mode] = match args.mode {
         ModeChoice::Naive => &[Mode::Naive],
         ModeChoice::Breakwater => &[Mode::Breakwater],
+        ModeChoice::Fixed => &[Mode::Fixed],
         ModeChoice::Both => &[Mode::Naive, Mode::Breakwater],
+        ModeChoice::All => &[Mode::Naive, Mode::Fixed, Mode::Breakwater],
     };
     let mut report = LabReport::new(args);
     // The outermost folder of `data_dir` that this run creates: removed
@@ -267,10 +292,20 @@ pub const POISON_SHARE: f64 = 0.1;
 const NAIVE_ATTEMPTS: u32 = 3;
 
 /// The config of one mode.
-fn mode_config(mode: Mode, sink_url: String, queue_dir: std::path::PathBuf) -> Config {
+fn mode_config(
+    mode: Mode,
+    sink_url: String,
+    queue_dir: std::path::PathBuf,
+    pool_max: usize,
+) -> Config {
     let mut c = crate::bench::bench_config(&queue_dir);
     c.sink.url = sink_url;
     c.sink.pool_max = 20;
+    match mode {
+        Mode::Breakwater => c.sink.pool_max = pool_max,
+        Mode::Fixed => c.breaker.limiter.enabled = false,
+        Mode::Naive => {}
+    }
     c.sources[0].statements.push(StatementConfig {
         sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity".into(),
         params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
@@ -348,7 +383,7 @@ async fn run_mode_in(
         target.dbname
     );
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
-    let mut config = mode_config(mode, sink_url, queue_dir.clone());
+    let mut config = mode_config(mode, sink_url, queue_dir.clone(), args.pool_max);
     let queue_name = format!("bwlab_{app}_{}", wall_ms());
     if let Some(section) = args
         .backend
@@ -361,7 +396,7 @@ async fn run_mode_in(
     let applies = Arc::new(AtomicU64::new(0));
     let (in_place, backoff) = match mode {
         Mode::Naive => (NAIVE_ATTEMPTS, serve::worker_settings(&config).backoff),
-        Mode::Breakwater => (1, serve::worker_settings(&config).backoff),
+        Mode::Breakwater | Mode::Fixed => (1, serve::worker_settings(&config).backoff),
     };
     let counted = Arc::clone(&applies);
     let hooks = serve::Hooks {
@@ -428,6 +463,7 @@ async fn run_mode_in(
                                count(*) FILTER (WHERE state <> 'idle')
                         FROM pg_stat_activity WHERE application_name = $1";
     let app_name = format!("bw_lab_{app}");
+    let probe_sql = format!("SELECT count(*) FROM {schema}.orders WHERE id <= 100");
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
@@ -454,6 +490,12 @@ async fn run_mode_in(
             .await
             .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
             .unwrap_or((0, 0));
+        let probe_started = Instant::now();
+        let probe_ms = direct
+            .query_one(probe_sql.as_str(), &[])
+            .await
+            .ok()
+            .map(|_| probe_started.elapsed().as_secs_f64() * 1000.0);
         let stats = running.queue.stats().await.unwrap_or_default();
         let gate = controller.gate();
         let status_state = controller.status().state;
@@ -470,11 +512,12 @@ async fn run_mode_in(
             backlog: count(stats.visible) + count(stats.in_flight) + count(stats.delayed),
             applies: applies.load(Ordering::Relaxed),
             fault: fault.started && !fault.ended,
+            probe_ms,
         };
         if !args.quiet && last_progress.elapsed() >= Duration::from_secs(1) {
             last_progress = Instant::now();
             eprintln!(
-                "[{:<10}] t={:>3}s{} accepted {:>6} applied {:>6} (hot {:>4}) backlog {:>5} waiters {:>2} conns {:>2} dlq {:>4} breaker {} x{}",
+                "[{:<10}] t={:>3}s{} accepted {:>6} applied {:>6} (hot {:>4}) backlog {:>5} waiters {:>2} conns {:>2} dlq {:>4} breaker {} x{} probe {:.1} ms",
                 mode.as_str(),
                 t.as_secs(),
                 if sample.fault { " FAULT" } else { "      " },
@@ -486,7 +529,8 @@ async fn run_mode_in(
                 sample.connections_active,
                 sample.dead_lettered,
                 sample.state,
-                sample.limit
+                sample.limit,
+                sample.probe_ms.unwrap_or(f64::NAN)
             );
         }
         let settled = sample.applied_hot + sample.applied_unrelated + sample.dead_lettered
@@ -514,7 +558,9 @@ async fn run_mode_in(
         fault.end(&proxy).await?;
     }
     let history_at = started.elapsed();
-    let history = controller.status().history;
+    let status = controller.status();
+    let history = status.history;
+    let limiter = status.limiter;
     let stats = running.queue.stats().await.unwrap_or_default();
     running.shutdown().await;
     proxy.shutdown().await;
@@ -577,6 +623,7 @@ async fn run_mode_in(
         fault_end_ms: fault_end_offset,
         history,
         history_at,
+        limiter,
         elapsed: started.elapsed(),
         samples,
         scenario: args.scenario,
@@ -590,6 +637,30 @@ struct FaultState {
     started: bool,
     ended: bool,
     locker: Option<tokio_postgres::Client>,
+    /// The overload's query loops, stopped at the fault's end.
+    heavy: Option<(tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)>,
+}
+
+/// The overload's heavy query: a second or so of one core's work.
+const HEAVY_QUERY: &str = "SELECT sum(g * g % 7) FROM generate_series(1, 3000000) g";
+
+/// One overload session: the heavy query in a loop until `stop`; the
+/// query in flight is cancelled then.
+async fn heavy_loop(url: String, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let Ok(client) = connect(&url).await else {
+        return;
+    };
+    let cancel = client.cancel_token();
+    loop {
+        let stopped = tokio::select! {
+            _ = client.simple_query(HEAVY_QUERY) => false,
+            _ = stop.wait_for(|s| *s) => true,
+        };
+        if stopped {
+            let _ = cancel.cancel_query(NoTls).await;
+            return;
+        }
+    }
 }
 
 impl FaultState {
@@ -618,6 +689,13 @@ impl FaultState {
                 proxy.set(Fault::ResetAll);
                 proxy.set(Fault::Refuse);
             }
+            Scenario::Overload => {
+                let (stop, rx) = tokio::sync::watch::channel(false);
+                let loops = (0..args.overload_sessions)
+                    .map(|_| tokio::spawn(heavy_loop(args.database_url.clone(), rx.clone())))
+                    .collect();
+                self.heavy = Some((stop, loops));
+            }
             Scenario::Poison => {}
         }
         Ok(())
@@ -627,6 +705,12 @@ impl FaultState {
         self.ended = true;
         if let Some(locker) = self.locker.take() {
             locker.batch_execute("ROLLBACK").await?;
+        }
+        if let Some((stop, loops)) = self.heavy.take() {
+            let _ = stop.send(true);
+            for l in loops {
+                let _ = l.await;
+            }
         }
         proxy.set(Fault::None);
         Ok(())

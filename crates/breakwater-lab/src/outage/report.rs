@@ -38,6 +38,10 @@ pub struct Sample {
     pub applies: u64,
     /// Whether the fault was on.
     pub fault: bool,
+    /// How long the lab's own small query took, straight to PostgreSQL
+    /// (the database's latency for an unrelated client), milliseconds;
+    /// none when it failed.
+    pub probe_ms: Option<f64>,
 }
 
 /// A mode's totals.
@@ -84,6 +88,17 @@ pub struct ModeReport {
     pub breaker_opened: bool,
     /// Every breaker transition, oldest first.
     pub breaker_transitions: Vec<String>,
+    /// Transitions to open, over the whole run.
+    pub breaker_trips: u64,
+    /// The lab's probe query before the fault (median of the samples) and
+    /// during it (median and p95), milliseconds.
+    pub db_probe_before_ms: Option<f64>,
+    pub db_probe_fault_p50_ms: Option<f64>,
+    pub db_probe_fault_p95_ms: Option<f64>,
+    /// The adaptive limiter at the end of the run (its last move), if on.
+    pub limiter: Option<breakwater_control::LimiterStatus>,
+    /// The concurrency limit during the fault: lowest and highest sampled.
+    pub fault_limit_range: Option<(u32, u32)>,
     pub elapsed_seconds: f64,
     pub series: Vec<Sample>,
 }
@@ -125,11 +140,37 @@ pub(super) struct Inputs {
     /// Breaker history and the run time at which it was read.
     pub history: Vec<TransitionRecord>,
     pub history_at: Duration,
+    pub limiter: Option<breakwater_control::LimiterStatus>,
     pub elapsed: Duration,
     pub samples: Vec<Sample>,
 }
 
+/// The `q` quantile (0..=1) of `v`, nearest rank.
+fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((v.len() as f64 - 1.0) * q).round() as usize;
+    v.get(rank).copied()
+}
+
 pub(super) fn summarize(i: Inputs) -> ModeReport {
+    let probes = |during: bool| -> Vec<f64> {
+        i.samples
+            .iter()
+            .filter(|s| {
+                if during {
+                    s.fault
+                } else {
+                    s.t_ms < i.fault_start_ms
+                }
+            })
+            .filter_map(|s| s.probe_ms)
+            .collect()
+    };
+    let fault_limits = i.samples.iter().filter(|s| s.fault).map(|s| s.limit);
+    let fault_limit_range = fault_limits.clone().min().zip(fault_limits.max());
     let has_fault = i.scenario != Scenario::Poison;
     let baseline = i
         .samples
@@ -195,6 +236,16 @@ pub(super) fn summarize(i: Inputs) -> ModeReport {
                 )
             })
             .collect(),
+        breaker_trips: i
+            .history
+            .iter()
+            .filter(|t| t.to == State::Open && !t.dry_run)
+            .count() as u64,
+        db_probe_before_ms: quantile(probes(false), 0.5),
+        db_probe_fault_p50_ms: quantile(probes(true), 0.5),
+        db_probe_fault_p95_ms: quantile(probes(true), 0.95),
+        limiter: i.limiter,
+        fault_limit_range,
         elapsed_seconds: i.elapsed.as_secs_f64(),
         series: i.samples,
     }
@@ -237,7 +288,7 @@ impl fmt::Display for LabReport {
         }
         writeln!(f)?;
         type Row = (&'static str, fn(&ModeReport) -> String);
-        let rows: [Row; 16] = [
+        let rows: [Row; 20] = [
             ("accepted (2xx)", |m| m.accepted.to_string()),
             ("applied", |m| m.applied.to_string()),
             ("dead-lettered", |m| m.dead_lettered.to_string()),
@@ -268,7 +319,22 @@ impl fmt::Display for LabReport {
                 m.drain_seconds
                     .map_or_else(|| "-".to_owned(), |d| format!("{d:.1}"))
             }),
+            ("db probe query before (ms)", |m| {
+                m.db_probe_before_ms
+                    .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+            }),
+            ("db probe query in fault p50/p95", |m| {
+                match (m.db_probe_fault_p50_ms, m.db_probe_fault_p95_ms) {
+                    (Some(a), Some(b)) => format!("{a:.1}/{b:.1}"),
+                    _ => "-".to_owned(),
+                }
+            }),
+            ("concurrency limit in fault", |m| {
+                m.fault_limit_range
+                    .map_or_else(|| "-".to_owned(), |(a, b)| format!("{a}..{b}"))
+            }),
             ("breaker opened", |m| m.breaker_opened.to_string()),
+            ("breaker trips (whole run)", |m| m.breaker_trips.to_string()),
             ("re-trips after fault", |m| m.retrips.to_string()),
             ("run time (s)", |m| format!("{:.0}", m.elapsed_seconds)),
         ];

@@ -922,6 +922,7 @@ impl Controller {
     /// out its own probes.
     fn evaluate(&self) {
         let now = Instant::now();
+        self.adjust_limit(now);
         if !self.standing().evaluates() {
             // A follower's own probes are its to time out.
             let t = self.breaker().probe_timeout(now);
@@ -938,6 +939,18 @@ impl Controller {
         };
         if let Some(t) = t {
             self.announce(&t);
+        }
+    }
+
+    /// Lets the adaptive limiter move the closed limit (every node's own,
+    /// in a fleet too): one log line and a metric per move.
+    fn adjust_limit(&self, now: Instant) {
+        let change = self.breaker().adjust_limit(now);
+        if let Some(c) = change {
+            tracing::info!(from = c.from, to = c.to, reason = c.reason.as_str(), "{c}");
+            metrics::counter!(telemetry::LIMITER_CHANGES, "reason" => c.reason.as_str())
+                .increment(1);
+            self.publish_gauges();
         }
     }
 

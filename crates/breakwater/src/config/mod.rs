@@ -285,6 +285,31 @@ pub enum BackoffJitter {
 }
 
 impl Config {
+    /// The most applies that may run at once: the adaptive limiter's
+    /// ceiling (`breaker.limiter.max_concurrency`; 0 = the sink's pool, or
+    /// `workers.max_concurrency` when that is larger), or
+    /// `workers.max_concurrency` with the limiter off.
+    pub fn concurrency_ceiling(&self) -> u32 {
+        let w = self.workers.max_concurrency;
+        let l = &self.breaker.limiter;
+        if !l.enabled {
+            return w;
+        }
+        match l.max_concurrency {
+            0 => w.max(u32::try_from(self.sink.pool_max).unwrap_or(u32::MAX)),
+            m => m.max(w),
+        }
+    }
+
+    /// The breaker's configuration as `serve` runs it: its maximum is the
+    /// workers' pool, its limiter's ceiling resolved.
+    pub fn breaker_config(&self) -> breakwater_control::BreakerConfig {
+        let mut b = self.breaker.clone();
+        b.max_concurrency = self.workers.max_concurrency;
+        b.limiter.max_concurrency = self.concurrency_ceiling();
+        b
+    }
+
     /// Loads `path` (or the defaults when `None`) and applies the
     /// environment of this process.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {

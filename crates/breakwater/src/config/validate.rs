@@ -67,7 +67,19 @@ impl Config {
                  (BREAKWATER_WORKERS_MAX_CONCURRENCY) instead",
             ));
         }
-        self.breaker.validate().map_err(|e| match e {
+        let limiter = &self.breaker.limiter;
+        let pool = u32::try_from(sink.pool_max).unwrap_or(u32::MAX);
+        if limiter.enabled && limiter.max_concurrency > pool {
+            return Err(ConfigError::invalid(
+                "breaker.limiter.max_concurrency",
+                format!(
+                    "{} is above sink.pool_max ({pool}): applies past the pool would only \
+                     wait for a connection",
+                    limiter.max_concurrency
+                ),
+            ));
+        }
+        self.breaker_config().validate().map_err(|e| match e {
             breakwater_control::ConfigError::Invalid { key, problem } => {
                 ConfigError::invalid(format!("breaker.{key}"), problem)
             }
