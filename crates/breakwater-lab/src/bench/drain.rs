@@ -217,9 +217,8 @@ async fn drain(
         }
     })
     .await?;
-    let mut breaker = config.breaker.clone();
-    breaker.max_concurrency = args.concurrency;
-    let controller = Controller::new(breaker, args.concurrency as usize)?;
+    let breaker = config.breaker_config();
+    let controller = Controller::new(breaker, config.concurrency_ceiling() as usize)?;
     // The consumer ready first (a Kafka consumer takes seconds to join its
     // group): the figure is the drain, not the start.
     queue.start_consuming(Duration::from_secs(30)).await?;

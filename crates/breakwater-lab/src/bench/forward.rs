@@ -135,6 +135,8 @@ async fn run_phases(
     let mut config = Config::default();
     config.sink.url = format!("sqlite://{}", dir.join("sink.db").display());
     config.workers.max_concurrency = args.concurrency;
+    // The limiter's ceiling: the target's connections, not more.
+    config.sink.pool_max = args.concurrency as usize;
     let queue_config = EmbeddedConfig::at(dir.join("queue"));
     let queue: Arc<dyn Queue> = Arc::new(EmbeddedQueue::open(&queue_config)?);
     super::fill_queue(&queue, args.messages, |i| NewMessage {
@@ -161,9 +163,8 @@ async fn run_phases(
         database,
         HashMap::from([("stripe".to_owned(), target)]),
     ));
-    let mut breaker = config.breaker.clone();
-    breaker.max_concurrency = args.concurrency;
-    let controller = Controller::new(breaker, args.concurrency as usize)?;
+    let breaker = config.breaker_config();
+    let controller = Controller::new(breaker, config.concurrency_ceiling() as usize)?;
     let started = Instant::now();
     let workers = Workers::start(
         Arc::clone(&queue),

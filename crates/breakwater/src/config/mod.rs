@@ -478,6 +478,30 @@ mod tests {
     }
 
     #[test]
+    fn the_limiters_ceiling_is_the_pool_and_may_not_pass_it() {
+        let c = parse("").expect("defaults");
+        assert_eq!(c.concurrency_ceiling(), 20, "the sink's pool");
+        let b = c.breaker_config();
+        assert_eq!((b.max_concurrency, b.limiter.max_concurrency), (16, 20));
+        let c = parse("[workers]\nmax_concurrency = 32\n").expect("valid");
+        assert_eq!(c.concurrency_ceiling(), 32, "never below where it starts");
+        let c = parse("[breaker.limiter]\nenabled = false\n").expect("valid");
+        assert_eq!(c.concurrency_ceiling(), 16);
+        let c = parse("[sink]\npool_max = 64\n[breaker.limiter]\nmax_concurrency = 48\n")
+            .expect("valid");
+        assert_eq!(c.concurrency_ceiling(), 48);
+        let err = parse("[breaker.limiter]\nmax_concurrency = 48\n")
+            .expect_err("above the pool")
+            .to_string();
+        assert!(err.contains("breaker.limiter.max_concurrency"), "{err}");
+        assert!(err.contains("sink.pool_max (20)"), "{err}");
+        let err = parse("[breaker.limiter]\nmin_concurrency = 17\n")
+            .expect_err("above the start")
+            .to_string();
+        assert!(err.contains("breaker.limiter.min_concurrency"), "{err}");
+    }
+
+    #[test]
     fn env_overrides_file() {
         let env = vec![
             ("BREAKWATER_SINK_POOL_MAX".to_owned(), "7".to_owned()),
