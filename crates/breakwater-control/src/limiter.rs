@@ -124,10 +124,9 @@ impl std::fmt::Display for LimitChange {
             (LimitReason::LatencyRising, Some(l), Some(b)) => {
                 write!(f, "latency {l:.1} ms against a baseline of {b:.1} ms")
             }
-            (LimitReason::LatencyAtBaseline, Some(l), Some(b)) => write!(
-                f,
-                "in use, latency {l:.1} ms at the baseline of {b:.1} ms"
-            ),
+            (LimitReason::LatencyAtBaseline, Some(l), Some(b)) => {
+                write!(f, "in use, latency {l:.1} ms at the baseline of {b:.1} ms")
+            }
             (reason, ..) => f.write_str(reason.as_str()),
         }
     }
@@ -426,8 +425,14 @@ mod tests {
         }
         t += 250;
         let c = l.judge(t).expect("the limit moves");
-        assert_eq!((c.from, c.to, c.reason), (20, 10, LimitReason::LatencyRising));
-        assert!(c.to_string().contains("against a baseline of 2.0 ms"), "{c}");
+        assert_eq!(
+            (c.from, c.to, c.reason),
+            (20, 10, LimitReason::LatencyRising)
+        );
+        assert!(
+            c.to_string().contains("against a baseline of 2.0 ms"),
+            "{c}"
+        );
     }
 
     #[test]

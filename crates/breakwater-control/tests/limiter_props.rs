@@ -29,9 +29,18 @@ fn config() -> impl Strategy<Value = LimiterConfig> {
 
 /// One window in which `in_use` calls ran at once on average, each taking
 /// `latency` (the first `fastest`), `failed` of them failing.
-fn run_window(l: &mut Limiter, t: &mut u64, in_use: f64, latency: Duration, fastest: Duration, failed: u32) {
+fn run_window(
+    l: &mut Limiter,
+    t: &mut u64,
+    in_use: f64,
+    latency: Duration,
+    fastest: Duration,
+    failed: u32,
+) {
     let per_call = latency.as_secs_f64() * 1000.0;
-    let calls = ((in_use * WINDOW_MS as f64) / per_call).round().clamp(5.0, 5_000.0) as u32;
+    let calls = ((in_use * WINDOW_MS as f64) / per_call)
+        .round()
+        .clamp(5.0, 5_000.0) as u32;
     for i in 0..calls {
         let this = if i == 0 { fastest } else { latency };
         l.record(this, i < failed);

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use breakwater_control::ramp::step_limit;
 use breakwater_control::{
-    Breaker, BreakerConfig, Heartbeat, LimitChange, LimitReason, Outcome, OutcomeClass, ProbeTicket, QueueSample, Reason,
-    State, Transition, WorkerState,
+    Breaker, BreakerConfig, Heartbeat, LimitChange, LimitReason, Outcome, OutcomeClass,
+    ProbeTicket, QueueSample, Reason, State, Transition, WorkerState,
 };
 use proptest::prelude::*;
 
@@ -70,30 +70,36 @@ fn config() -> impl Strategy<Value = BreakerConfig> {
         500u64..5_000,
         (any::<bool>(), 1u32..200, prop_oneof![Just(0u32), 1u32..400]),
     )
-        .prop_map(|(max, probes, successes, steps, base, hold, timeout, limiter)| {
-            let mut c = BreakerConfig {
-                max_concurrency: max,
-                ..BreakerConfig::default()
-            };
-            c.half_open.max_probes = probes;
-            c.half_open.successes_to_close = successes;
-            c.half_open.probe_timeout_ms = timeout;
-            c.ramp.steps = steps.into_iter().map(|s| f64::from(s) / 100.0).collect();
-            c.ramp.hold_ms = hold;
-            c.cool_down.base_ms = base;
-            c.cool_down.cap_ms = base * 8;
-            c.failure_ratio.min_calls = 5;
-            c.slow_calls.min_calls = 5;
-            c.dlq.enabled = true;
-            c.dlq.max_per_sec = 1.0;
-            let (enabled, floor, ceiling) = limiter;
-            c.limiter.enabled = enabled;
-            c.limiter.min_concurrency = floor.min(max);
-            c.limiter.max_concurrency = if ceiling == 0 { 0 } else { ceiling.max(c.limiter.min_concurrency) };
-            c.limiter.min_samples = 3;
-            c.limiter.window_ms = 200;
-            c
-        })
+        .prop_map(
+            |(max, probes, successes, steps, base, hold, timeout, limiter)| {
+                let mut c = BreakerConfig {
+                    max_concurrency: max,
+                    ..BreakerConfig::default()
+                };
+                c.half_open.max_probes = probes;
+                c.half_open.successes_to_close = successes;
+                c.half_open.probe_timeout_ms = timeout;
+                c.ramp.steps = steps.into_iter().map(|s| f64::from(s) / 100.0).collect();
+                c.ramp.hold_ms = hold;
+                c.cool_down.base_ms = base;
+                c.cool_down.cap_ms = base * 8;
+                c.failure_ratio.min_calls = 5;
+                c.slow_calls.min_calls = 5;
+                c.dlq.enabled = true;
+                c.dlq.max_per_sec = 1.0;
+                let (enabled, floor, ceiling) = limiter;
+                c.limiter.enabled = enabled;
+                c.limiter.min_concurrency = floor.min(max);
+                c.limiter.max_concurrency = if ceiling == 0 {
+                    0
+                } else {
+                    ceiling.max(c.limiter.min_concurrency)
+                };
+                c.limiter.min_samples = 3;
+                c.limiter.window_ms = 200;
+                c
+            },
+        )
 }
 
 /// The limit workers may poll with, probes aside.

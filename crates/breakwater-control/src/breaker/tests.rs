@@ -1035,7 +1035,10 @@ fn the_limiter_sets_the_closed_limit_and_hands_over_to_the_ramp() {
     assert_eq!(h.b.gate().limit, 100);
     let s = h.b.status(h.now).limiter.expect("enabled");
     assert!(s.active);
-    assert_eq!(s.last_change.map(|c| c.reason), Some(crate::LimitReason::Resumed));
+    assert_eq!(
+        s.last_change.map(|c| c.reason),
+        Some(crate::LimitReason::Resumed)
+    );
 }
 
 #[test]

@@ -638,7 +638,10 @@ struct FaultState {
     ended: bool,
     locker: Option<tokio_postgres::Client>,
     /// The overload's query loops, stopped at the fault's end.
-    heavy: Option<(tokio::sync::watch::Sender<bool>, Vec<tokio::task::JoinHandle<()>>)>,
+    heavy: Option<(
+        tokio::sync::watch::Sender<bool>,
+        Vec<tokio::task::JoinHandle<()>>,
+    )>,
 }
 
 /// The overload's heavy query: a second or so of one core's work.
