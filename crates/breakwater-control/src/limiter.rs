@@ -299,9 +299,7 @@ impl Limiter {
             let cut = (1.0 - ratio).clamp(MOST_CUT, LEAST_CUT);
             (self.limit * cut, LimitReason::Failures)
         } else {
-            let Some(base) = baseline else {
-                return None;
-            };
+            let base = baseline?;
             let slack = ms(Duration::from_millis(self.cfg.latency_slack_ms));
             let tolerance = self.cfg.tolerance;
             let high = tolerance * ms(base) + slack;

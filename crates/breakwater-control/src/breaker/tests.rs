@@ -1024,13 +1024,7 @@ fn the_limiter_sets_the_closed_limit_and_hands_over_to_the_ramp() {
     h.outcomes(50, Outcome::success(far));
     assert_eq!(h.b.adjust_limit(h.now), None, "not while ramping");
     assert_eq!(h.b.gate().limit, 10, "the ramp's first step");
-    loop {
-        if let Some(t) = h.tick(1_000) {
-            if t.to == State::Closed {
-                break;
-            }
-        }
-    }
+    while h.tick(1_000).is_none_or(|t| t.to != State::Closed) {}
     // Back to the ramp's last limit, not the limiter's old one.
     assert_eq!(h.b.gate().limit, 100);
     let s = h.b.status(h.now).limiter.expect("enabled");
