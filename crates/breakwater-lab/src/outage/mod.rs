@@ -174,6 +174,8 @@ pub struct LabArgs {
 }
 
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// Probe queries timed before the load starts (50 ms apart).
+const IDLE_PROBES: usize = 20;
 
 /// Runs the scenario in the chosen modes.
 pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
@@ -444,6 +446,16 @@ async fn run_mode_in(
         },
         tag: app.to_owned(),
     };
+    // The database unloaded: the lab's probe query before any webhook.
+    let probe_sql = format!("SELECT count(*) FROM {schema}.orders WHERE id <= 100");
+    let mut idle_probes = Vec::new();
+    for _ in 0..IDLE_PROBES {
+        let t = Instant::now();
+        if direct.query_one(probe_sql.as_str(), &[]).await.is_ok() {
+            idle_probes.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let started = Instant::now();
     let driver = tokio::spawn(driver::drive(spec, Arc::clone(&counters)));
     let fault_start = Duration::from_secs(args.fault_at);
@@ -463,7 +475,6 @@ async fn run_mode_in(
                                count(*) FILTER (WHERE state <> 'idle')
                         FROM pg_stat_activity WHERE application_name = $1";
     let app_name = format!("bw_lab_{app}");
-    let probe_sql = format!("SELECT count(*) FROM {schema}.orders WHERE id <= 100");
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
@@ -624,6 +635,7 @@ async fn run_mode_in(
         history,
         history_at,
         limiter,
+        idle_probes,
         elapsed: started.elapsed(),
         samples,
         scenario: args.scenario,

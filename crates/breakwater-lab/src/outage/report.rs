@@ -90,8 +90,10 @@ pub struct ModeReport {
     pub breaker_transitions: Vec<String>,
     /// Transitions to open, over the whole run.
     pub breaker_trips: u64,
-    /// The lab's probe query before the fault (median of the samples) and
+    /// The lab's probe query with no load at all (median of 20 before the
+    /// first webhook), before the fault (median of the samples) and
     /// during it (median and p95), milliseconds.
+    pub db_probe_idle_ms: Option<f64>,
     pub db_probe_before_ms: Option<f64>,
     pub db_probe_fault_p50_ms: Option<f64>,
     pub db_probe_fault_p95_ms: Option<f64>,
@@ -141,6 +143,7 @@ pub(super) struct Inputs {
     pub history: Vec<TransitionRecord>,
     pub history_at: Duration,
     pub limiter: Option<breakwater_control::LimiterStatus>,
+    pub idle_probes: Vec<f64>,
     pub elapsed: Duration,
     pub samples: Vec<Sample>,
 }
@@ -241,6 +244,7 @@ pub(super) fn summarize(i: Inputs) -> ModeReport {
             .iter()
             .filter(|t| t.to == State::Open && !t.dry_run)
             .count() as u64,
+        db_probe_idle_ms: quantile(i.idle_probes.clone(), 0.5),
         db_probe_before_ms: quantile(probes(false), 0.5),
         db_probe_fault_p50_ms: quantile(probes(true), 0.5),
         db_probe_fault_p95_ms: quantile(probes(true), 0.95),
@@ -288,7 +292,7 @@ impl fmt::Display for LabReport {
         }
         writeln!(f)?;
         type Row = (&'static str, fn(&ModeReport) -> String);
-        let rows: [Row; 20] = [
+        let rows: [Row; 21] = [
             ("accepted (2xx)", |m| m.accepted.to_string()),
             ("applied", |m| m.applied.to_string()),
             ("dead-lettered", |m| m.dead_lettered.to_string()),
@@ -318,6 +322,10 @@ impl fmt::Display for LabReport {
             ("drain after fault (s)", |m| {
                 m.drain_seconds
                     .map_or_else(|| "-".to_owned(), |d| format!("{d:.1}"))
+            }),
+            ("db probe query, no load (ms)", |m| {
+                m.db_probe_idle_ms
+                    .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
             }),
             ("db probe query before (ms)", |m| {
                 m.db_probe_before_ms
