@@ -331,7 +331,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve { role, config } => {
             let config = load_config(config.config.as_deref())?;
-            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+            let metrics = breakwater::telemetry::prometheus()
                 .install_recorder()
                 .context("cannot install the metrics recorder")?;
             runtime()?.block_on(async {
@@ -436,7 +436,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             command: BenchCommand::Ingress(args),
         } => {
             // The service's own metrics say where phase 2's time went.
-            let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+            let metrics = breakwater::telemetry::prometheus()
                 .install_recorder()
                 .context("cannot install the metrics recorder")?;
             let report = breakwater_lab::bench::run_ingress_bench(&args, Some(metrics))?;

@@ -179,6 +179,34 @@ pub enum Reason {
     OverrideClearedIdle,
 }
 
+impl Reason {
+    /// The reason's kind in snake case, as serialized in `kind` (a metric
+    /// label: no values).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::FailureRatio { .. } => "failure_ratio",
+            Self::SlowCalls { .. } => "slow_calls",
+            Self::DlqVelocity { .. } => "dlq_velocity",
+            Self::InFlight { .. } => "in_flight",
+            Self::LockWait { .. } => "lock_wait",
+            Self::DbLockWaiters { .. } => "db_lock_waiters",
+            Self::CoolDownElapsed { .. } => "cool_down_elapsed",
+            Self::ProbeFailed => "probe_failed",
+            Self::ProbeTimedOut { .. } => "probe_timed_out",
+            Self::ProbesSucceeded { .. } => "probes_succeeded",
+            Self::RampStep { .. } => "ramp_step",
+            Self::RampComplete { .. } => "ramp_complete",
+            Self::ForcedOpen { .. } => "forced_open",
+            Self::ForcedClosed { .. } => "forced_closed",
+            Self::OverrideExpired => "override_expired",
+            Self::OverrideCleared => "override_cleared",
+            Self::Unreachable { .. } => "unreachable",
+            Self::Reachable => "reachable",
+            Self::OverrideClearedIdle => "override_cleared_idle",
+        }
+    }
+}
+
 fn secs(ms: u64) -> f64 {
     Duration::from_millis(ms).as_secs_f64()
 }
@@ -333,6 +361,27 @@ impl fmt::Display for Transition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn kind_is_the_serialized_tag() {
+        for r in [
+            Reason::ProbeFailed,
+            Reason::OverrideClearedIdle,
+            Reason::RampComplete { held_ms: 1 },
+            Reason::ForcedOpen {
+                note: "x".into(),
+                ttl_ms: None,
+            },
+        ] {
+            let v = toml::Value::try_from(&r).expect("serializes");
+            assert_eq!(
+                v.get("kind").and_then(|k| k.as_str()),
+                Some(r.kind()),
+                "{r:?}"
+            );
+        }
+    }
 
     #[test]
     fn failure_ratio_reads_like_the_spec() {

@@ -422,3 +422,134 @@ async fn sigterm_finishes_or_releases_in_flight_work_and_exits() {
     locker.batch_execute("ROLLBACK").await.expect("unlock");
     db.drop_db().await;
 }
+
+/// One metric's `# TYPE` line and the label names of its samples.
+fn scraped(text: &str, name: &str) -> (Option<String>, std::collections::BTreeSet<String>) {
+    let kind = text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("# TYPE {name} ")))
+        .map(str::to_owned);
+    let labels = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let rest = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| rest.strip_prefix(s))
+                .unwrap_or(rest);
+            rest.strip_prefix('{')
+        })
+        .flat_map(|labels| {
+            labels
+                .split(',')
+                .filter_map(|kv| kv.split_once('=').map(|(k, _)| k.trim().to_owned()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|k| k != "le" && k != "quantile")
+        .collect();
+    (kind, labels)
+}
+
+/// The operator's metrics, scraped from `/metrics` after real traffic
+/// (applied, dead-lettered, refused, a trip and a reset): every name with
+/// its type and labels, time in seconds as histograms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
+    let (db, _sandbox, server, http) = orders_server("").await;
+    for i in 0..6 {
+        let status = if i == 0 { "poison" } else { "paid" };
+        send(&http, &server, &format!("evt_metrics_{i}"), 1 + i, status).await;
+    }
+    // Signed for another body.
+    let refused = http
+        .post(
+            &server.url("/webhooks/stripe"),
+            &stripe_headers(b"{}", unix_now()),
+            b"{\"id\":\"evt_x\"}".to_vec(),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    wait_for("5 applied", Duration::from_secs(20), async || {
+        inbox_count(&db, "true").await == 5
+    })
+    .await;
+    wait_for("1 dead-lettered", Duration::from_secs(20), async || {
+        queue_stats(&http, &server).await["dead_lettered"] == 1
+    })
+    .await;
+    let trip = http
+        .post(
+            &server.admin_url("/breaker/trip?note=metrics"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(trip.status, StatusCode::OK, "{:?}", trip.body);
+    let reset = http
+        .post(
+            &server.admin_url("/breaker/reset?force_closed=true"),
+            &[],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    // The samplers publish the gauges once a second.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let metrics = http.get(&server.admin_url("/metrics")).await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let expected: &[(&str, &str, &[&str])] = &[
+        (
+            "breakwater_ingress_requests_total",
+            "counter",
+            &["source", "status", "outcome"],
+        ),
+        (
+            "breakwater_ingress_latency_seconds",
+            "histogram",
+            &["source"],
+        ),
+        ("breakwater_breaker_state", "gauge", &[]),
+        (
+            "breakwater_breaker_transitions_total",
+            "counter",
+            &["to", "reason"],
+        ),
+        ("breakwater_concurrency_limit", "gauge", &[]),
+        ("breakwater_queue_visible", "gauge", &[]),
+        ("breakwater_queue_inflight", "gauge", &[]),
+        ("breakwater_queue_oldest_age_seconds", "gauge", &[]),
+        ("breakwater_dlq_total", "counter", &["class"]),
+        ("breakwater_apply_latency_seconds", "histogram", &[]),
+        ("breakwater_apply_total", "counter", &["source", "outcome"]),
+        ("breakwater_workers", "gauge", &["state"]),
+        ("breakwater_db_lock_waiters", "gauge", &[]),
+    ];
+    for (name, kind, labels) in expected {
+        let (found, seen) = scraped(&text, name);
+        assert_eq!(found.as_deref(), Some(*kind), "{name}'s type in:\n{text}");
+        let want: std::collections::BTreeSet<String> =
+            labels.iter().map(|l| (*l).to_owned()).collect();
+        assert_eq!(seen, want, "{name}'s labels");
+    }
+    // The values say what happened.
+    for line in [
+        "breakwater_ingress_requests_total{source=\"stripe\",status=\"202\",outcome=\"accepted\"} 6",
+        "breakwater_ingress_requests_total{source=\"stripe\",status=\"401\",outcome=\"unauthorized\"} 1",
+        "breakwater_dlq_total{class=\"permanent\"} 1",
+        "breakwater_apply_total{source=\"stripe\",outcome=\"success\"} 5",
+        "breakwater_apply_total{source=\"stripe\",outcome=\"permanent\"} 1",
+        "breakwater_breaker_transitions_total{to=\"open\",reason=\"forced_open\"} 1",
+        "breakwater_breaker_transitions_total{to=\"closed\",reason=\"forced_closed\"} 1",
+        "breakwater_workers{state=\"lock_wait\"} 0",
+        "breakwater_queue_visible 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line} in:\n{text}"
+        );
+    }
+    drop(server);
+    db.drop_db().await;
+}

@@ -811,12 +811,12 @@ mod tests {
     #[test]
     fn inside_figures_are_read_from_the_rendered_summaries() {
         let text = "\
-# TYPE breakwater_ingress_request_seconds summary
-breakwater_ingress_request_seconds{source=\"stripe\",quantile=\"0.5\"} 0.004
-breakwater_ingress_request_seconds_sum{source=\"stripe\"} 30
-breakwater_ingress_request_seconds_count{source=\"stripe\"} 6000
-breakwater_ingress_request_seconds_sum{source=\"github\"} 10
-breakwater_ingress_request_seconds_count{source=\"github\"} 4000
+# TYPE breakwater_ingress_latency_seconds summary
+breakwater_ingress_latency_seconds{source=\"stripe\",quantile=\"0.5\"} 0.004
+breakwater_ingress_latency_seconds_sum{source=\"stripe\"} 30
+breakwater_ingress_latency_seconds_count{source=\"stripe\"} 6000
+breakwater_ingress_latency_seconds_sum{source=\"github\"} 10
+breakwater_ingress_latency_seconds_count{source=\"github\"} 4000
 breakwater_queue_commit_seconds_sum 0.5
 breakwater_queue_commit_seconds_count 500
 breakwater_queue_commit_batch_size_sum 10000

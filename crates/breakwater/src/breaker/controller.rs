@@ -666,7 +666,9 @@ impl Controller {
             tracing::info!(from = %t.from, to = %t.to, dry_run = t.dry_run, limit = t.limit,
                 "breaker: {}", t.reason);
         }
-        metrics::counter!(telemetry::BREAKER_TRANSITIONS, "to" => t.to.as_str()).increment(1);
+        metrics::counter!(telemetry::BREAKER_TRANSITIONS,
+            "to" => t.to.as_str(), "reason" => t.reason.kind())
+        .increment(1);
         if t.to == State::Closed {
             // A new streak: its causes and its one early half-open.
             self.failure_kinds
@@ -954,6 +956,25 @@ impl Controller {
         }
     }
 
+    /// `breakwater_workers{state}`: this node's slots by state.
+    fn publish_workers(&self) {
+        let (mut idle, mut applying, mut lock_wait) = (0u32, 0u32, 0u32);
+        for beat in self.slots.heartbeats(Instant::now()) {
+            match beat.state {
+                WorkerState::Idle => idle += 1,
+                WorkerState::Applying => applying += 1,
+                WorkerState::LockWait { .. } => lock_wait += 1,
+            }
+        }
+        for (state, n) in [
+            ("idle", idle),
+            ("applying", applying),
+            ("lock_wait", lock_wait),
+        ] {
+            metrics::gauge!(telemetry::WORKERS, "state" => state).set(f64::from(n));
+        }
+    }
+
     /// The tick loop: samples signals and evaluates until `stop`.
     pub async fn run(
         self: Arc<Self>,
@@ -996,6 +1017,7 @@ impl Controller {
     }
 
     async fn sample(&self, queue: &dyn Queue, sink: &dyn Sink) {
+        self.publish_workers();
         match queue.stats().await {
             Ok(s) => {
                 // The queue signals need every count; a backend that cannot
@@ -1012,6 +1034,12 @@ impl Controller {
                     };
                     self.breaker().observe_queue(sample, Instant::now());
                 }
+                if let Some(v) = s.visible {
+                    metrics::gauge!(telemetry::QUEUE_VISIBLE).set(v as f64);
+                }
+                if let Some(v) = s.in_flight {
+                    metrics::gauge!(telemetry::QUEUE_INFLIGHT).set(v as f64);
+                }
                 for (state, v) in [
                     ("visible", s.visible),
                     ("in_flight", s.in_flight),
@@ -1022,7 +1050,11 @@ impl Controller {
                         metrics::gauge!(telemetry::QUEUE_MESSAGES, "state" => state).set(v as f64);
                     }
                 }
-                if let Some(age_ms) = s.oldest_visible_age_ms {
+                // An empty queue's oldest message is no age at all.
+                let age_ms = s
+                    .oldest_visible_age_ms
+                    .or((s.visible == Some(0)).then_some(0));
+                if let Some(age_ms) = age_ms {
                     metrics::gauge!(telemetry::QUEUE_OLDEST_AGE_SECONDS)
                         .set(age_ms as f64 / 1000.0);
                 }

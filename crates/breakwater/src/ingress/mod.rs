@@ -87,14 +87,15 @@ impl Ingress {
         let routes = sources
             .iter()
             .map(|(name, source)| {
-                let counter = |outcome: &'static str| {
+                let counter = |status: StatusCode, outcome: &'static str| {
                     metrics::counter!(telemetry::INGRESS_REQUESTS,
-                        "source" => name.clone(), "outcome" => outcome)
+                        "source" => name.clone(), "status" => status.as_str().to_owned(),
+                        "outcome" => outcome)
                 };
                 let route = Route {
                     source: Arc::clone(source),
-                    accepted: counter("accepted"),
-                    duplicate: counter("duplicate"),
+                    accepted: counter(StatusCode::ACCEPTED, "accepted"),
+                    duplicate: counter(StatusCode::OK, "duplicate"),
                     latency: metrics::histogram!(telemetry::INGRESS_SECONDS, "source" => name.clone()),
                 };
                 (name.clone(), route)
@@ -157,7 +158,8 @@ async fn receive(
                 "unknown".to_owned()
             };
             metrics::counter!(telemetry::INGRESS_REQUESTS,
-                "source" => source, "outcome" => e.code())
+                "source" => source, "status" => e.status().as_str().to_owned(),
+                "outcome" => e.code())
             .increment(1);
             tracing::debug!(error = %e, status = %e.status(), "webhook refused");
             e.into_response()

@@ -182,6 +182,15 @@ async fn apply_once(
         }
         Err(_) => OutcomeClass::Dependency,
     };
+    let outcome = match class {
+        OutcomeClass::Success => "success",
+        OutcomeClass::Dependency => "dependency",
+        OutcomeClass::Permanent => "permanent",
+        OutcomeClass::KeyContention => "contention",
+    };
+    metrics::counter!(telemetry::APPLY_TOTAL,
+        "source" => job.delivery.message.source.clone(), "outcome" => outcome)
+    .increment(1);
     if let (OutcomeClass::Dependency, Err(e)) = (class, &result) {
         controller.note_dependency_failure(e.kind);
     }
@@ -684,6 +693,7 @@ impl Dispatcher {
     }
 
     fn dead_letter(&mut self, receipt: Receipt, class: &str, error: String) {
+        metrics::counter!(telemetry::DLQ_TOTAL, "class" => class.to_owned()).increment(1);
         let queue = Arc::clone(&self.queue);
         let reason = DeadLetterReason {
             class: class.to_owned(),
