@@ -550,6 +550,45 @@ async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
             "no line {line} in:\n{text}"
         );
     }
+    // Every metric the shipped Grafana dashboard and alerting rules query
+    // is one this scrape has.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for file in [
+        "deploy/grafana/breakwater.json",
+        "deploy/prometheus/alerts.yml",
+    ] {
+        let shipped = std::fs::read_to_string(root.join(file)).expect(file);
+        let queried = metric_names(&shipped);
+        assert!(queried.len() >= 4, "{file} queries {queried:?}");
+        for name in queried {
+            let (kind, _) = scraped(&text, &name);
+            assert!(
+                kind.is_some(),
+                "{file} queries {name}, which /metrics does not have"
+            );
+        }
+    }
     drop(server);
     db.drop_db().await;
+}
+
+/// The `breakwater_*` metric names in a text, without a histogram's
+/// `_bucket`, `_sum` or `_count`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("breakwater_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let name = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.insert(name.to_owned());
+        rest = &tail[end..];
+    }
+    names
 }

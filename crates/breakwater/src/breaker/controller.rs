@@ -32,9 +32,9 @@ use std::time::{Duration, Instant};
 
 use breakwater_control::{
     Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
-    Heartbeat, KeyContention, LocalBreakerStore, LocalProbeSlots, Outcome, OutcomeClass,
-    OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, SharedBreaker, SharedGate,
-    SignalKind, State, Transition, Version, WorkerState,
+    Heartbeat, KeyContention, LimitReason, LocalBreakerStore, LocalProbeSlots, Outcome,
+    OutcomeClass, OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, SharedBreaker,
+    SharedGate, SignalKind, State, Transition, Version, WorkerState,
 };
 use breakwater_fleet::{NodeBeat, SlotBeat, SlotState};
 use breakwater_sink::Sink;
@@ -399,6 +399,16 @@ impl Controller {
             early_half_open_used: std::sync::atomic::AtomicBool::new(false),
         });
         controller.publish_gauges();
+        // Every move's counter from the start, at 0: a dashboard's rate()
+        // has a series before the first move.
+        for reason in [
+            LimitReason::Resumed,
+            LimitReason::Failures,
+            LimitReason::LatencyRising,
+            LimitReason::LatencyAtBaseline,
+        ] {
+            metrics::counter!(telemetry::LIMITER_CHANGES, "reason" => reason.as_str()).increment(0);
+        }
         Ok(controller)
     }
 
