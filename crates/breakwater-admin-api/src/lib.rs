@@ -37,6 +37,10 @@ pub struct BreakerView {
     /// The fleet this process belongs to (`[fleet]`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetInfo>,
+    /// Time left before the oldest queued message expires on the broker,
+    /// when `queue.retention_secs` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<breakwater_control::RetentionStatus>,
 }
 
 /// A fleet as one of its nodes sees it (`GET /breaker`, `breakwater fleet

@@ -49,6 +49,7 @@
 //! | [`probe`] | half-open probe admission ([`ProbeAdmission`]) |
 //! | [`contention`] | one hot key's lock trouble told from the database's |
 //! | [`coordination`] | the async seams a fleet plugs into: the shared breaker record and fleet-wide probe slots, with one-node stores |
+//! | [`retention`] | time left before the oldest queued message expires |
 //! | [`ramp`] | ramp step limits and cool-down lengths |
 //! | [`backoff`] | retry delays: full, equal, decorrelated or no jitter |
 //! | [`status`] | what `breaker status` shows |
@@ -66,6 +67,7 @@ pub mod limiter;
 pub mod probe;
 pub mod ramp;
 pub mod reason;
+pub mod retention;
 pub mod signals;
 pub mod status;
 mod window;
@@ -85,6 +87,7 @@ pub use gate::{GateSnapshot, SharedGate};
 pub use limiter::{LimitChange, LimitReason, Limiter, LimiterStatus};
 pub use probe::{LocalProbeAdmission, ProbeAdmission, ProbeTicket};
 pub use reason::{Reason, State, Transition};
+pub use retention::{RetentionStatus, RetentionWatch};
 pub use signals::SignalKind;
 pub use signals::heartbeats::{Heartbeat, MAX_WORKERS, WorkerState};
 pub use signals::outcomes::{Outcome, OutcomeClass, OutcomeTally};

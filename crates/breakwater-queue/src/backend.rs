@@ -28,6 +28,14 @@ pub struct QueueSection {
     pub name: Option<String>,
     /// Visibility timeout (lease) of a claimed message, in milliseconds.
     pub lease_ms: u64,
+    /// How long the broker keeps a message before dropping it, seconds
+    /// (SQS's retention period, Kafka's `retention.ms`, a NATS stream's
+    /// `max_age`); none: it keeps them (the embedded queue does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retention_secs: Option<u64>,
+    /// Warn (log, `GET /breaker`, the headroom metric's alert) when the
+    /// oldest message has less than this left, seconds.
+    pub retention_warn_secs: u64,
     /// The selected backend's own keys.
     #[serde(flatten)]
     pub options: toml::Table,
@@ -40,6 +48,8 @@ impl Default for QueueSection {
             url: None,
             name: None,
             lease_ms: 30_000,
+            retention_secs: None,
+            retention_warn_secs: 3_600,
             options: toml::Table::new(),
         }
     }

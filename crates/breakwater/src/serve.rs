@@ -501,11 +501,11 @@ pub async fn start_with(
             },
             None => Coordination::local(),
         };
-        Some(Controller::with_coordination(
-            breaker_config,
-            workers,
-            coordination,
-        )?)
+        let controller = Controller::with_coordination(breaker_config, workers, coordination)?;
+        if let Some(retention) = config.queue.retention_secs {
+            controller.watch_retention(retention, config.queue.retention_warn_secs);
+        }
+        Some(controller)
     } else {
         None
     };

@@ -21,6 +21,9 @@ pub use breakwater_queue_embedded::telemetry::*;
 pub const QUEUE_MESSAGES: &str = "breakwater_queue_messages";
 /// Messages ready to be claimed (the same as `QUEUE_MESSAGES{state="visible"}`).
 pub const QUEUE_VISIBLE: &str = "breakwater_queue_visible";
+/// Time left before the oldest queued message expires on the broker
+/// (`queue.retention_secs` minus its age), seconds.
+pub const RETENTION_HEADROOM_SECONDS: &str = "breakwater_retention_headroom_seconds";
 /// Messages claimed and not settled.
 pub const QUEUE_INFLIGHT: &str = "breakwater_queue_inflight";
 /// Age of the oldest visible message, in seconds.

@@ -456,7 +456,16 @@ fn scraped(text: &str, name: &str) -> (Option<String>, std::collections::BTreeSe
 /// its type and labels, time in seconds as histograms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
-    let (db, _sandbox, server, http) = orders_server("").await;
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let sandbox = Sandbox::new(&sink_config(&db, ""));
+    // A retention known, as on a broker that drops old messages.
+    let server = Server::start_with_env(
+        &sandbox.config_path(),
+        "all",
+        &[("BREAKWATER_QUEUE_RETENTION_SECS", "86400")],
+    );
+    let http = Http::default();
     for i in 0..6 {
         let status = if i == 0 { "poison" } else { "paid" };
         send(&http, &server, &format!("evt_metrics_{i}"), 1 + i, status).await;
@@ -525,6 +534,7 @@ async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
         ("breakwater_apply_total", "counter", &["source", "outcome"]),
         ("breakwater_workers", "gauge", &["state"]),
         ("breakwater_db_lock_waiters", "gauge", &[]),
+        ("breakwater_retention_headroom_seconds", "gauge", &[]),
     ];
     for (name, kind, labels) in expected {
         let (found, seen) = scraped(&text, name);
@@ -544,12 +554,18 @@ async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
         "breakwater_breaker_transitions_total{to=\"closed\",reason=\"forced_closed\"} 1",
         "breakwater_workers{state=\"lock_wait\"} 0",
         "breakwater_queue_visible 0",
+        "breakwater_retention_headroom_seconds 86400",
     ] {
         assert!(
             text.lines().any(|l| l == line),
             "no line {line} in:\n{text}"
         );
     }
+    let breaker = http.get(&server.admin_url("/breaker")).await.json();
+    let retention = &breaker["retention"];
+    assert_eq!(retention["retention_secs"], 86400, "{breaker}");
+    assert_eq!(retention["headroom_secs"], 86400.0, "{breaker}");
+    assert_eq!(retention["at_risk"], false, "{breaker}");
     // Every metric the shipped Grafana dashboard and alerting rules query
     // is one this scrape has.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

@@ -208,6 +208,7 @@ async fn breaker_status(State(admin): State<Arc<Admin>>) -> Response {
                 .unwrap_or_default(),
             db_lock_waiters: controller.last_lock_waiters(),
             queue_warnings: admin.queue_warnings.clone(),
+            retention: controller.retention(),
         },
         None => BreakerView {
             location: ingress_only(),
@@ -216,6 +217,7 @@ async fn breaker_status(State(admin): State<Arc<Admin>>) -> Response {
             db_lock_waiters: None,
             queue_warnings: Vec::new(),
             fleet: None,
+            retention: None,
         },
     };
     Json(view).into_response()

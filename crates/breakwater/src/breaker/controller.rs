@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use breakwater_control::{
     Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
     Heartbeat, KeyContention, LimitReason, LocalBreakerStore, LocalProbeSlots, Outcome,
-    OutcomeClass, OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, SharedBreaker,
-    SharedGate, SignalKind, State, Transition, Version, WorkerState,
+    OutcomeClass, OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, RetentionStatus,
+    RetentionWatch, SharedBreaker, SharedGate, SignalKind, State, Transition, Version, WorkerState,
 };
 use breakwater_fleet::{NodeBeat, SlotBeat, SlotState};
 use breakwater_sink::Sink;
@@ -353,6 +353,9 @@ pub struct Controller {
     /// session that stayed up while new ones fail) cannot flap the breaker
     /// every second; after it, the growing cool-down applies.
     early_half_open_used: std::sync::atomic::AtomicBool,
+    /// The retention headroom, when the queue's retention is known, and
+    /// its latest reading.
+    retention: Mutex<Option<(RetentionWatch, Option<RetentionStatus>)>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -397,6 +400,7 @@ impl Controller {
             contention: Mutex::new(KeyContention::default()),
             failure_kinds: Mutex::new(VecDeque::with_capacity(FAILURE_KINDS_KEPT)),
             early_half_open_used: std::sync::atomic::AtomicBool::new(false),
+            retention: Mutex::new(None),
         });
         controller.publish_gauges();
         // Every move's counter from the start, at 0: a dashboard's rate()
@@ -966,6 +970,53 @@ impl Controller {
         }
     }
 
+    /// Follows the queue's retention (`queue.retention_secs`): the time
+    /// left before the oldest message expires, from the next sample on.
+    pub fn watch_retention(&self, retention_secs: u64, warn_secs: u64) {
+        *lock(&self.retention) = Some((RetentionWatch::new(retention_secs, warn_secs), None));
+    }
+
+    /// The latest retention reading, if the retention is known.
+    pub fn retention(&self) -> Option<RetentionStatus> {
+        lock(&self.retention).as_ref().and_then(|(_, s)| s.clone())
+    }
+
+    /// One retention reading: the headroom metric, and a warning when it
+    /// falls under the threshold (once, until it is back above).
+    fn observe_retention(&self, stats: &crate::queue::QueueStats) {
+        let mut guard = lock(&self.retention);
+        let Some((watch, last)) = guard.as_mut() else {
+            return;
+        };
+        let backlog = stats.visible.unwrap_or(0) + stats.delayed.unwrap_or(0);
+        let oldest = stats
+            .oldest_visible_age_ms
+            .or((stats.visible == Some(0)).then_some(0));
+        let now_ms = u64::try_from(crate::ingress::unix_now_ms()).unwrap_or(0);
+        let status = watch.observe(now_ms, backlog, oldest);
+        if let Some(h) = status.headroom_secs {
+            metrics::gauge!(telemetry::RETENTION_HEADROOM_SECONDS).set(h);
+        }
+        let was = last.as_ref().is_some_and(|s| s.at_risk);
+        if status.at_risk && !was {
+            tracing::warn!(
+                headroom_secs = status.headroom_secs.unwrap_or(0.0),
+                retention_secs = status.retention_secs,
+                backlog = status.backlog,
+                drain_secs = status.drain_secs,
+                "the oldest queued webhook expires on the broker in under {} s: \
+                 it is lost unless applied before then",
+                status.warn_secs
+            );
+        } else if was && !status.at_risk {
+            tracing::info!(
+                headroom_secs = status.headroom_secs.unwrap_or(0.0),
+                "retention headroom is back above the warning threshold"
+            );
+        }
+        *last = Some(status);
+    }
+
     /// `breakwater_workers{state}`: this node's slots by state.
     fn publish_workers(&self) {
         let (mut idle, mut applying, mut lock_wait) = (0u32, 0u32, 0u32);
@@ -1030,6 +1081,7 @@ impl Controller {
         self.publish_workers();
         match queue.stats().await {
             Ok(s) => {
+                self.observe_retention(&s);
                 // The queue signals need every count; a backend that cannot
                 // tell one leaves them quiet.
                 if let (Some(visible), Some(in_flight), Some(dead), Some(acked)) =
