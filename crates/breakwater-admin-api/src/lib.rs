@@ -188,6 +188,7 @@ mod tests {
             db_lock_waiters: None,
             queue_warnings: vec!["the queue's own redelivery limit is 5".into()],
             fleet: None,
+            retention: None,
         };
         let json = serde_json::to_value(&view).expect("json");
         assert_eq!(json["location"]["kind"], "with_the_workers");
