@@ -104,9 +104,18 @@ impl Slots {
     }
 
     fn heartbeats(&self, now: Instant) -> Vec<Heartbeat> {
+        self.heartbeats_within(usize::MAX, now)
+    }
+
+    /// The heartbeats of the first `within` slots and of any busy one past
+    /// them. The lock-wait signal judges the share of slots in a long
+    /// wait: slots a raised limiter ceiling added, idle since, must not
+    /// dilute it (a slot is taken lowest first, so the idle ones are last).
+    fn heartbeats_within(&self, within: usize, now: Instant) -> Vec<Heartbeat> {
         self.lock()
             .iter()
             .enumerate()
+            .filter(|(i, applying)| *i < within || applying.is_some())
             .map(|(i, applying)| Heartbeat {
                 worker: i as u64,
                 state: worker_state(applying.as_ref().map(|a| a.since), now),
@@ -115,11 +124,13 @@ impl Slots {
             .collect()
     }
 
-    /// The slots as a fleet heartbeat carries them (the article's shape).
-    fn beats(&self, now: Instant) -> Vec<SlotBeat> {
+    /// The slots as a fleet heartbeat carries them (the article's shape),
+    /// as [`Slots::heartbeats_within`] counts them.
+    fn beats(&self, within: usize, now: Instant) -> Vec<SlotBeat> {
         self.lock()
             .iter()
             .enumerate()
+            .filter(|(i, applying)| *i < within || applying.is_some())
             .map(|(i, applying)| {
                 let state = worker_state(applying.as_ref().map(|a| a.since), now);
                 SlotBeat {
@@ -754,7 +765,7 @@ impl Controller {
             generation: self.applied_generation().unwrap_or(0),
             fallback: self.standing() == Standing::Fallback,
             slots: if role.runs_workers() {
-                self.slots.beats(now)
+                self.slots.beats(self.counted_slots(), now)
             } else {
                 Vec::new()
             },
@@ -947,7 +958,7 @@ impl Controller {
             }
             return;
         }
-        let beats = self.slots.heartbeats(now);
+        let beats = self.slots.heartbeats_within(self.counted_slots(), now);
         let t = {
             let mut b = self.breaker();
             b.observe_heartbeats(&beats, now);
@@ -1015,6 +1026,14 @@ impl Controller {
             );
         }
         *last = Some(status);
+    }
+
+    /// How many slots the lock-wait signal judges: the breaker's
+    /// `max_concurrency`, or the limit when the limiter raised it past
+    /// that.
+    fn counted_slots(&self) -> usize {
+        let nominal = self.breaker().config().max_concurrency;
+        self.gate().limit.max(nominal) as usize
     }
 
     /// `breakwater_workers{state}`: this node's slots by state.
@@ -1178,7 +1197,7 @@ mod tests {
         );
         assert_eq!(beats[1].state, WorkerState::Applying);
         assert_eq!(beats[2].state, WorkerState::Idle);
-        let fleet = slots.beats(t + Duration::from_secs(1));
+        let fleet = slots.beats(usize::MAX, t + Duration::from_secs(1));
         assert_eq!(fleet[0].state, SlotState::DbLockWait);
         assert_eq!(fleet[0].lock_target.as_deref(), Some("order-1"));
         assert_eq!(fleet[0].waited_ms, 1_000);
@@ -1186,6 +1205,28 @@ mod tests {
         drop(a);
         let beats = slots.heartbeats(t + Duration::from_secs(1));
         assert_eq!(beats[0].state, WorkerState::Idle);
+    }
+
+    #[test]
+    fn idle_slots_past_the_counted_ones_are_left_out_and_busy_ones_never() {
+        let slots = Slots::new(64);
+        let t = Instant::now();
+        let held: Vec<_> = (0..20).map(|_| slots.begin(t, None)).collect();
+        let later = t + Duration::from_secs(3);
+        let waiting = |beats: &[Heartbeat]| {
+            beats
+                .iter()
+                .filter(|b| matches!(b.state, WorkerState::LockWait { .. }))
+                .count()
+        };
+        // Judged on 16 slots, the 20 busy ones all count.
+        let beats = slots.heartbeats_within(16, later);
+        assert_eq!((beats.len(), waiting(&beats)), (20, 20));
+        drop(held);
+        let _one = slots.begin(later, None);
+        assert_eq!(slots.heartbeats_within(16, later).len(), 16);
+        assert_eq!(slots.heartbeats(later).len(), 64);
+        assert_eq!(slots.beats(16, later).len(), 16);
     }
 
     #[test]
