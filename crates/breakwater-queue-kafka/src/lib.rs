@@ -177,9 +177,13 @@ impl KafkaQueue {
                 .map_err(unavailable)?
         };
         let lone = Arc::new(lone);
-        let (partitions, dlq_partitions) = {
+        // Topics just created may be missing from the metadata for a moment
+        // (the broker creates them asynchronously; seen on tansu): a
+        // serving process waits for them, up to the request timeout.
+        let deadline = std::time::Instant::now() + timeout;
+        let (partitions, dlq_partitions) = loop {
             let (lone, names) = (Arc::clone(&lone), names.clone());
-            tokio::task::spawn_blocking(move || -> Result<_, KafkaError> {
+            let read = tokio::task::spawn_blocking(move || -> Result<_, KafkaError> {
                 let mut counts = Vec::new();
                 for (i, topic) in names.subscribed().into_iter().enumerate() {
                     counts.push((TopicIx(i), client::partitions_of(&lone, topic, timeout)?));
@@ -189,7 +193,12 @@ impl KafkaQueue {
             })
             .await
             .map_err(unavailable)?
-            .map_err(unavailable)?
+            .map_err(unavailable)?;
+            let missing = read.0.iter().any(|(_, n)| n.is_none()) || read.1.is_none();
+            if mode != OpenMode::Serve || !missing || std::time::Instant::now() >= deadline {
+                break read;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         };
         if partitions.first().is_none_or(|(_, n)| n.is_none()) {
             return Err(QueueError::Missing {
