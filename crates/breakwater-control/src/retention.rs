@@ -19,8 +19,9 @@ const RATE_WEIGHT: f64 = 0.2;
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct RetentionStatus {
-    /// The queue's retention, seconds.
-    pub retention_secs: u64,
+    /// The queue's retention, seconds (none: not configured, so no
+    /// headroom; the drain figures still are).
+    pub retention_secs: Option<u64>,
     /// Age of the oldest visible message, seconds (0 when the queue is
     /// empty; none when the backend cannot tell).
     pub oldest_age_secs: Option<f64>,
@@ -43,16 +44,16 @@ pub struct RetentionStatus {
 /// Follows the backlog against a retention.
 #[derive(Debug, Clone)]
 pub struct RetentionWatch {
-    retention_secs: u64,
+    retention_secs: Option<u64>,
     warn_secs: u64,
     last: Option<(u64, u64)>,
     net_drain_per_sec: Option<f64>,
 }
 
 impl RetentionWatch {
-    /// A watch of a queue that keeps messages `retention_secs`, warning
-    /// when less than `warn_secs` is left.
-    pub fn new(retention_secs: u64, warn_secs: u64) -> Self {
+    /// A watch of a queue that keeps messages `retention_secs` (none: as
+    /// long as it likes), warning when less than `warn_secs` is left.
+    pub fn new(retention_secs: Option<u64>, warn_secs: u64) -> Self {
         Self {
             retention_secs,
             warn_secs,
@@ -80,7 +81,10 @@ impl RetentionWatch {
         }
         self.last = Some((now_ms, backlog));
         let oldest_age_secs = oldest_age_ms.map(|ms| ms as f64 / 1000.0);
-        let headroom_secs = oldest_age_secs.map(|age| self.retention_secs as f64 - age);
+        let headroom_secs = self
+            .retention_secs
+            .zip(oldest_age_secs)
+            .map(|(retention, age)| retention as f64 - age);
         let drain_secs = self
             .net_drain_per_sec
             .filter(|r| *r > 0.0 && backlog > 0)
@@ -105,7 +109,7 @@ mod tests {
     #[test]
     fn an_outage_eats_the_headroom_and_a_drain_gives_its_time() {
         // Four days' retention, warn with a day left.
-        let mut w = RetentionWatch::new(4 * 86_400, 86_400);
+        let mut w = RetentionWatch::new(Some(4 * 86_400), 86_400);
         let s = w.observe(0, 0, Some(0));
         assert_eq!(
             (s.headroom_secs, s.at_risk, s.drain_secs),
@@ -136,8 +140,18 @@ mod tests {
 
     #[test]
     fn a_backend_that_cannot_tell_the_age_is_never_at_risk() {
-        let mut w = RetentionWatch::new(60, 30);
+        let mut w = RetentionWatch::new(Some(60), 30);
         let s = w.observe(0, 10, None);
         assert_eq!((s.headroom_secs, s.at_risk), (None, false));
+    }
+
+    #[test]
+    fn without_a_retention_only_the_drain_is_followed() {
+        let mut w = RetentionWatch::new(None, 30);
+        w.observe(0, 100, Some(90_000));
+        let s = w.observe(1_000, 80, Some(91_000));
+        assert_eq!((s.headroom_secs, s.at_risk), (None, false));
+        assert_eq!(s.net_drain_per_sec, Some(20.0));
+        assert_eq!(s.drain_secs, Some(4.0));
     }
 }

@@ -566,6 +566,26 @@ async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
     assert_eq!(retention["retention_secs"], 86400, "{breaker}");
     assert_eq!(retention["headroom_secs"], 86400.0, "{breaker}");
     assert_eq!(retention["at_risk"], false, "{breaker}");
+    let queue = http.get(&server.admin_url("/queue")).await;
+    assert_eq!(queue.status, StatusCode::OK);
+    let queue = queue.json();
+    assert_eq!(
+        (
+            &queue["visible"],
+            &queue["in_flight"],
+            &queue["dead_lettered"]
+        ),
+        (
+            &serde_json::json!(0),
+            &serde_json::json!(0),
+            &serde_json::json!(1)
+        ),
+        "{queue}"
+    );
+    assert_eq!(queue["oldest_age_secs"], 0.0, "{queue}");
+    assert!(queue["net_drain_per_sec"].is_number(), "{queue}");
+    assert!(queue["drain_secs"].is_null(), "nothing to drain: {queue}");
+    assert_eq!(queue["retention"]["headroom_secs"], 86400.0, "{queue}");
     // Every metric the shipped Grafana dashboard and alerting rules query
     // is one this scrape has.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");

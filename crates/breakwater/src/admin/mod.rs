@@ -3,6 +3,8 @@
 //!
 //! - `GET /metrics`: Prometheus text format;
 //! - `GET /queue/stats`: the queue's counts;
+//! - `GET /queue`: the counts, the oldest age and the backlog's drain
+//!   (rate, time left to drain; retention headroom when configured);
 //! - `GET /dlq[?limit=N&after=ID]`, `GET /dlq/{id}`: dead letters, on every
 //!   backend (through the queue contract);
 //! - `GET /breaker`: where the breaker runs and, in a process that runs it,
@@ -75,6 +77,7 @@ impl Admin {
         Router::new()
             .route("/metrics", get(render_metrics))
             .route("/queue/stats", get(queue_stats))
+            .route("/queue", get(queue_view))
             .route("/dlq", get(dlq_list))
             .route("/dlq/{id}", get(dlq_show))
             .route("/breaker", get(breaker_status))
@@ -145,6 +148,28 @@ async fn render_metrics(State(admin): State<Arc<Admin>>) -> Response {
         )
             .into_response(),
         None => (StatusCode::NOT_FOUND, "metrics recorder not installed\n").into_response(),
+    }
+}
+
+/// `GET /queue`: the counts, the oldest message's age, and how fast the
+/// backlog drains (with the retention headroom when it is configured).
+async fn queue_view(State(admin): State<Arc<Admin>>) -> Response {
+    match admin.queue.stats().await {
+        Ok(stats) => {
+            let drain = admin.controller.as_ref().and_then(|c| c.drain());
+            Json(serde_json::json!({
+                "visible": stats.visible,
+                "in_flight": stats.in_flight,
+                "delayed": stats.delayed,
+                "dead_lettered": stats.dead_lettered,
+                "oldest_age_secs": stats.oldest_visible_age_ms.map(|ms| ms as f64 / 1000.0),
+                "net_drain_per_sec": drain.as_ref().and_then(|d| d.net_drain_per_sec),
+                "drain_secs": drain.as_ref().and_then(|d| d.drain_secs),
+                "retention": drain.filter(|d| d.retention_secs.is_some()),
+            }))
+            .into_response()
+        }
+        Err(e) => queue_error(&e),
     }
 }
 

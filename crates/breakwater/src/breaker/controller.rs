@@ -364,9 +364,9 @@ pub struct Controller {
     /// session that stayed up while new ones fail) cannot flap the breaker
     /// every second; after it, the growing cool-down applies.
     early_half_open_used: std::sync::atomic::AtomicBool,
-    /// The retention headroom, when the queue's retention is known, and
-    /// its latest reading.
-    retention: Mutex<Option<(RetentionWatch, Option<RetentionStatus>)>>,
+    /// The backlog's drain and, when the queue's retention is known, its
+    /// headroom; with the latest reading.
+    retention: Mutex<(RetentionWatch, Option<RetentionStatus>)>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -411,7 +411,7 @@ impl Controller {
             contention: Mutex::new(KeyContention::default()),
             failure_kinds: Mutex::new(VecDeque::with_capacity(FAILURE_KINDS_KEPT)),
             early_half_open_used: std::sync::atomic::AtomicBool::new(false),
-            retention: Mutex::new(None),
+            retention: Mutex::new((RetentionWatch::new(None, 0), None)),
         });
         controller.publish_gauges();
         // Every move's counter from the start, at 0: a dashboard's rate()
@@ -984,21 +984,25 @@ impl Controller {
     /// Follows the queue's retention (`queue.retention_secs`): the time
     /// left before the oldest message expires, from the next sample on.
     pub fn watch_retention(&self, retention_secs: u64, warn_secs: u64) {
-        *lock(&self.retention) = Some((RetentionWatch::new(retention_secs, warn_secs), None));
+        *lock(&self.retention) = (RetentionWatch::new(Some(retention_secs), warn_secs), None);
+    }
+
+    /// The latest reading of the backlog's drain (and retention headroom,
+    /// if the retention is known).
+    pub fn drain(&self) -> Option<RetentionStatus> {
+        lock(&self.retention).1.clone()
     }
 
     /// The latest retention reading, if the retention is known.
     pub fn retention(&self) -> Option<RetentionStatus> {
-        lock(&self.retention).as_ref().and_then(|(_, s)| s.clone())
+        self.drain().filter(|s| s.retention_secs.is_some())
     }
 
     /// One retention reading: the headroom metric, and a warning when it
     /// falls under the threshold (once, until it is back above).
     fn observe_retention(&self, stats: &crate::queue::QueueStats) {
         let mut guard = lock(&self.retention);
-        let Some((watch, last)) = guard.as_mut() else {
-            return;
-        };
+        let (watch, last) = &mut *guard;
         let backlog = stats.visible.unwrap_or(0) + stats.delayed.unwrap_or(0);
         let oldest = stats
             .oldest_visible_age_ms
@@ -1012,7 +1016,7 @@ impl Controller {
         if status.at_risk && !was {
             tracing::warn!(
                 headroom_secs = status.headroom_secs.unwrap_or(0.0),
-                retention_secs = status.retention_secs,
+                retention_secs = status.retention_secs.unwrap_or(0),
                 backlog = status.backlog,
                 drain_secs = status.drain_secs,
                 "the oldest queued webhook expires on the broker in under {} s: \
