@@ -516,9 +516,14 @@ async fn redis_commands_do_not_grow_with_messages() {
         busy as f64 / sent as f64,
         per_sec_busy / 2000.0
     );
+    // Busy, a node may store every beat where idle it stored every third
+    // (slots in a lock wait or new slow calls are news on a loaded
+    // machine): at most one more command per worker node per second,
+    // however many messages flow (one per message would be hundreds).
+    let extra_per_sec = (per_sec_busy - per_sec_idle).max(0.0);
     assert!(
-        extra_per_msg < 0.001,
-        "{extra_per_msg} extra commands per message"
+        extra_per_sec <= 3.0,
+        "{extra_per_sec:.2} extra commands/s ({extra_per_msg:.4} per message)"
     );
     assert!(per_sec_busy / 2000.0 <= 0.01, "{per_sec_busy} commands/s");
 }
