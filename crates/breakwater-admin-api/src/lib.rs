@@ -43,6 +43,26 @@ pub struct BreakerView {
     pub retention: Option<breakwater_control::RetentionStatus>,
 }
 
+/// `GET /queue`: the queue's counts, its oldest message, and how fast the
+/// backlog drains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    pub visible: Option<u64>,
+    pub in_flight: Option<u64>,
+    pub delayed: Option<u64>,
+    pub dead_lettered: Option<u64>,
+    /// Age of the visible message at the head of the queue, seconds.
+    pub oldest_age_secs: Option<f64>,
+    /// How fast the backlog shrinks, messages per second (negative: it
+    /// grows); none on a process that runs no workers.
+    pub net_drain_per_sec: Option<f64>,
+    /// Seconds to drain the backlog at that rate (none while it does not
+    /// shrink).
+    pub drain_secs: Option<f64>,
+    /// The retention headroom, when `queue.retention_secs` is set.
+    pub retention: Option<breakwater_control::RetentionStatus>,
+}
+
 /// A fleet as one of its nodes sees it (`GET /breaker`, `breakwater fleet
 /// status`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -422,7 +422,8 @@ pub struct LimiterConfig {
     /// The floor.
     pub min_concurrency: u32,
     /// The ceiling; 0 = the breaker's `max_concurrency` (the limiter then
-    /// only lowers it). The service never lets it pass the sink's pool.
+    /// only lowers it). The service reads 0 as the sink's pool and refuses
+    /// a ceiling above it.
     pub max_concurrency: u32,
     /// A window is judged once it is this old, milliseconds...
     pub window_ms: u64,

@@ -244,7 +244,18 @@ impl Limiter {
         self.last_fastest = None;
         let from = self.limit();
         self.limit = self.clamp(f64::from(limit));
-        self.changed(from, LimitReason::Resumed, now_ms)
+        self.moved(
+            LimitChange {
+                from,
+                to: self.limit(),
+                reason: LimitReason::Resumed,
+                latency_ms: None,
+                baseline_ms: None,
+                failures: 0,
+                calls: 0,
+            },
+            now_ms,
+        )
     }
 
     /// Counts one finished call (successes and dependency failures; not
@@ -324,31 +335,25 @@ impl Limiter {
             limit.min(self.limit - 1.0)
         };
         self.limit = self.clamp(limit);
-        let change = self.changed(from, reason, now_ms)?;
-        Some(LimitChange {
-            latency_ms: Some(ms(latency)),
-            baseline_ms: baseline.map(ms),
-            failures: w.failures,
-            calls: w.calls,
-            ..change
-        })
-        .inspect(|c| self.last_change = Some((now_ms, *c)))
+        self.moved(
+            LimitChange {
+                from,
+                to: self.limit(),
+                reason,
+                latency_ms: Some(ms(latency)),
+                baseline_ms: baseline.map(ms),
+                failures: w.failures,
+                calls: w.calls,
+            },
+            now_ms,
+        )
     }
 
-    fn changed(&mut self, from: u32, reason: LimitReason, now_ms: u64) -> Option<LimitChange> {
-        let to = self.limit();
-        (to != from).then(|| {
-            let c = LimitChange {
-                from,
-                to,
-                reason,
-                latency_ms: None,
-                baseline_ms: None,
-                failures: 0,
-                calls: 0,
-            };
-            self.last_change = Some((now_ms, c));
-            c
+    /// `change`, remembered as the last move, if the published limit moved.
+    fn moved(&mut self, change: LimitChange, now_ms: u64) -> Option<LimitChange> {
+        (change.to != change.from).then(|| {
+            self.last_change = Some((now_ms, change));
+            change
         })
     }
 

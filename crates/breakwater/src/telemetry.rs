@@ -26,7 +26,7 @@ pub const QUEUE_VISIBLE: &str = "breakwater_queue_visible";
 pub const RETENTION_HEADROOM_SECONDS: &str = "breakwater_retention_headroom_seconds";
 /// Messages claimed and not settled.
 pub const QUEUE_INFLIGHT: &str = "breakwater_queue_inflight";
-/// Age of the oldest visible message, in seconds.
+/// Age of the oldest visible message, in seconds (0 when none is visible).
 pub const QUEUE_OLDEST_AGE_SECONDS: &str = "breakwater_queue_oldest_age_seconds";
 /// Worker outcomes, by `outcome`
 /// (applied, duplicate, retried, dead_lettered, released).

@@ -450,10 +450,7 @@ async fn run_mode_in(
     let probe_sql = format!("SELECT count(*) FROM {schema}.orders WHERE id <= 100");
     let mut idle_probes = Vec::new();
     for _ in 0..IDLE_PROBES {
-        let t = Instant::now();
-        if direct.query_one(probe_sql.as_str(), &[]).await.is_ok() {
-            idle_probes.push(t.elapsed().as_secs_f64() * 1000.0);
-        }
+        idle_probes.extend(time_probe(direct, &probe_sql).await);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let started = Instant::now();
@@ -501,12 +498,7 @@ async fn run_mode_in(
             .await
             .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
             .unwrap_or((0, 0));
-        let probe_started = Instant::now();
-        let probe_ms = direct
-            .query_one(probe_sql.as_str(), &[])
-            .await
-            .ok()
-            .map(|_| probe_started.elapsed().as_secs_f64() * 1000.0);
+        let probe_ms = time_probe(direct, &probe_sql).await;
         let stats = running.queue.stats().await.unwrap_or_default();
         let gate = controller.gate();
         let status_state = controller.status().state;
@@ -641,6 +633,16 @@ async fn run_mode_in(
         scenario: args.scenario,
     });
     Ok(report)
+}
+
+/// How long the lab's probe query took, milliseconds (none if it failed).
+async fn time_probe(direct: &tokio_postgres::Client, sql: &str) -> Option<f64> {
+    let started = Instant::now();
+    direct
+        .query_one(sql, &[])
+        .await
+        .ok()
+        .map(|_| started.elapsed().as_secs_f64() * 1000.0)
 }
 
 /// What the scenario's fault holds while it lasts.

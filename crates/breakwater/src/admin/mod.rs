@@ -42,7 +42,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use breakwater_admin_api::{
-    BreakerLocation, BreakerView, DlqList, ErrorBody, ResetQuery, TransitionAnswer, TripQuery,
+    BreakerLocation, BreakerView, DlqList, ErrorBody, QueueView, ResetQuery, TransitionAnswer,
+    TripQuery,
 };
 use http::{StatusCode, header};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -157,16 +158,16 @@ async fn queue_view(State(admin): State<Arc<Admin>>) -> Response {
     match admin.queue.stats().await {
         Ok(stats) => {
             let drain = admin.controller.as_ref().and_then(|c| c.drain());
-            Json(serde_json::json!({
-                "visible": stats.visible,
-                "in_flight": stats.in_flight,
-                "delayed": stats.delayed,
-                "dead_lettered": stats.dead_lettered,
-                "oldest_age_secs": stats.oldest_visible_age_ms.map(|ms| ms as f64 / 1000.0),
-                "net_drain_per_sec": drain.as_ref().and_then(|d| d.net_drain_per_sec),
-                "drain_secs": drain.as_ref().and_then(|d| d.drain_secs),
-                "retention": drain.filter(|d| d.retention_secs.is_some()),
-            }))
+            Json(QueueView {
+                visible: stats.visible,
+                in_flight: stats.in_flight,
+                delayed: stats.delayed,
+                dead_lettered: stats.dead_lettered,
+                oldest_age_secs: stats.oldest_visible_age_ms.map(|ms| ms as f64 / 1000.0),
+                net_drain_per_sec: drain.as_ref().and_then(|d| d.net_drain_per_sec),
+                drain_secs: drain.as_ref().and_then(|d| d.drain_secs),
+                retention: drain.filter(|d| d.retention_secs.is_some()),
+            })
             .into_response()
         }
         Err(e) => queue_error(&e),

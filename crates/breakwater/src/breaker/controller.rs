@@ -366,7 +366,7 @@ pub struct Controller {
     early_half_open_used: std::sync::atomic::AtomicBool,
     /// The backlog's drain and, when the queue's retention is known, its
     /// headroom; with the latest reading.
-    retention: Mutex<(RetentionWatch, Option<RetentionStatus>)>,
+    drain: Mutex<(RetentionWatch, Option<RetentionStatus>)>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -411,7 +411,7 @@ impl Controller {
             contention: Mutex::new(KeyContention::default()),
             failure_kinds: Mutex::new(VecDeque::with_capacity(FAILURE_KINDS_KEPT)),
             early_half_open_used: std::sync::atomic::AtomicBool::new(false),
-            retention: Mutex::new((RetentionWatch::new(None, 0), None)),
+            drain: Mutex::new((RetentionWatch::new(None, 0), None)),
         });
         controller.publish_gauges();
         // Every move's counter from the start, at 0: a dashboard's rate()
@@ -984,13 +984,13 @@ impl Controller {
     /// Follows the queue's retention (`queue.retention_secs`): the time
     /// left before the oldest message expires, from the next sample on.
     pub fn watch_retention(&self, retention_secs: u64, warn_secs: u64) {
-        *lock(&self.retention) = (RetentionWatch::new(Some(retention_secs), warn_secs), None);
+        *lock(&self.drain) = (RetentionWatch::new(Some(retention_secs), warn_secs), None);
     }
 
     /// The latest reading of the backlog's drain (and retention headroom,
     /// if the retention is known).
     pub fn drain(&self) -> Option<RetentionStatus> {
-        lock(&self.retention).1.clone()
+        lock(&self.drain).1.clone()
     }
 
     /// The latest retention reading, if the retention is known.
@@ -1001,12 +1001,10 @@ impl Controller {
     /// One retention reading: the headroom metric, and a warning when it
     /// falls under the threshold (once, until it is back above).
     fn observe_retention(&self, stats: &crate::queue::QueueStats) {
-        let mut guard = lock(&self.retention);
+        let mut guard = lock(&self.drain);
         let (watch, last) = &mut *guard;
         let backlog = stats.visible.unwrap_or(0) + stats.delayed.unwrap_or(0);
-        let oldest = stats
-            .oldest_visible_age_ms
-            .or((stats.visible == Some(0)).then_some(0));
+        let oldest = oldest_age_ms(stats);
         let now_ms = u64::try_from(crate::ingress::unix_now_ms()).unwrap_or(0);
         let status = watch.observe(now_ms, backlog, oldest);
         if let Some(h) = status.headroom_secs {
@@ -1135,11 +1133,7 @@ impl Controller {
                         metrics::gauge!(telemetry::QUEUE_MESSAGES, "state" => state).set(v as f64);
                     }
                 }
-                // An empty queue's oldest message is no age at all.
-                let age_ms = s
-                    .oldest_visible_age_ms
-                    .or((s.visible == Some(0)).then_some(0));
-                if let Some(age_ms) = age_ms {
+                if let Some(age_ms) = oldest_age_ms(&s) {
                     metrics::gauge!(telemetry::QUEUE_OLDEST_AGE_SECONDS)
                         .set(age_ms as f64 / 1000.0);
                 }
@@ -1160,6 +1154,14 @@ impl Controller {
             self.database_answered();
         }
     }
+}
+
+/// The oldest visible message's age, milliseconds: an empty queue's is 0
+/// (no age at all), also on a backend that reports none then.
+fn oldest_age_ms(stats: &crate::queue::QueueStats) -> Option<u64> {
+    stats
+        .oldest_visible_age_ms
+        .or((stats.visible == Some(0)).then_some(0))
 }
 
 /// Locks `m`, taking the data of a holder that panicked as it was left.
