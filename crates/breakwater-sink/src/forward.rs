@@ -19,19 +19,25 @@
 //! 307s and 308s a target's `follow_redirects` allows, which are followed
 //! with the same POST (`redirect_target` says where to).
 //!
-//! Each target has its own connection pool (HTTP/1.1, or HTTP/2 with prior
-//! knowledge), at most `max_connections` requests at once, a connect
-//! timeout, and a timeout on the whole request.
+//! Each target has its own connection pool, at most `max_connections`
+//! requests at once, a connect timeout, and a timeout on the whole request.
+//! `http://` targets speak HTTP/1.1, or HTTP/2 with prior knowledge (h2c);
+//! `https://` targets speak TLS (rustls) and offer HTTP/1.1, or HTTP/2 by
+//! ALPN, trusting the system's roots and a target's own `ca_file`.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use tokio::sync::Semaphore;
 
 use crate::target_gate::{GateSettings, Pass, TargetGate};
@@ -46,7 +52,7 @@ const READ_AT_MOST: usize = 64 * 1024;
 /// Where and how a source's webhooks are forwarded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardSpec {
-    /// `http://host:port/path`.
+    /// `http://host:port/path` or `https://host:port/path`.
     pub url: String,
     /// The whole request, connecting included.
     pub timeout: Duration,
@@ -56,19 +62,23 @@ pub struct ForwardSpec {
     /// Standard Webhooks secret (`whsec_<base64>`) the forwarded requests
     /// are signed with; `None`: unsigned.
     pub secret: Option<String>,
-    /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    /// HTTP/2 instead of HTTP/1.1: with prior knowledge (h2c) on
+    /// `http://`, offered by ALPN on `https://`.
     pub http2: bool,
     /// Redirects followed per request: 307 and 308 only (they keep the
-    /// POST and its body), to an `http://` URL or a path on the same
-    /// target; 0 (the default): none.
+    /// POST and its body), to a URL of the same scheme or `https://`, or a
+    /// path on the same target; 0 (the default): none.
     pub follow_redirects: u32,
+    /// PEM certificates trusted for an `https://` target besides the
+    /// system's roots (a private CA, a self-signed service).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// One forward target: its pool, its bound, its signer.
 pub struct ForwardTarget {
     spec: ForwardSpec,
     uri: Uri,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     permits: Arc<Semaphore>,
     /// This target's own breaker, consulted when the process forwards to
     /// several targets.
@@ -91,9 +101,25 @@ impl ForwardTarget {
             .url
             .parse()
             .map_err(|e| SinkSetupError::Settings(format!("forward url {:?}: {e}", spec.url)))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(SinkSetupError::Settings(format!(
+                    "forward url {:?}: must be http://host[:port]/path or https://host[:port]/path",
+                    spec.url
+                )));
+            }
+        };
+        if uri.host().is_none() {
             return Err(SinkSetupError::Settings(format!(
-                "forward url {:?}: must be http://host[:port]/path (https is not supported yet)",
+                "forward url {:?}: has no host",
+                spec.url
+            )));
+        }
+        if spec.ca_file.is_some() && !https {
+            return Err(SinkSetupError::Settings(format!(
+                "forward ca_file: only an https:// url uses it, not {:?}",
                 spec.url
             )));
         }
@@ -106,9 +132,19 @@ impl ForwardTarget {
             breakwater_verify::sign(&breakwater_verify::Scheme::standard(), secret, b"", 0, "x")
                 .map_err(|e| SinkSetupError::Settings(format!("forward secret: {e}")))?;
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(spec.connect_timeout));
-        connector.set_nodelay(true);
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(spec.connect_timeout));
+        tcp.set_nodelay(true);
+        // The TLS layer takes the https:// URLs.
+        tcp.enforce_http(false);
+        let tls = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(https, spec.ca_file.as_deref())?)
+            .https_or_http();
+        let connector = if spec.http2 {
+            tls.enable_http2().wrap_connector(tcp)
+        } else {
+            tls.enable_http1().wrap_connector(tcp)
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(spec.max_connections)
             .http2_only(spec.http2)
@@ -232,9 +268,9 @@ impl ForwardTarget {
                         hops += 1;
                         continue;
                     }
-                    None => {
-                        "only an http:// URL or a path on the same target is followed".to_owned()
-                    }
+                    None => "only an http(s):// URL (never https to http) or a path on the \
+                             same target is followed"
+                        .to_owned(),
                 }
             };
             return Err(SinkError::permanent(
@@ -343,6 +379,43 @@ impl ForwardTarget {
     }
 }
 
+/// The TLS settings of a target: for `https`, the system's roots and the
+/// certificates of `ca_file`; for plain http, none are needed (nor read).
+fn tls_config(https: bool, ca_file: Option<&Path>) -> Result<rustls::ClientConfig, SinkSetupError> {
+    let mut roots = rustls::RootCertStore::empty();
+    if https {
+        // Unreadable system certificates are skipped: a private CA in
+        // `ca_file` may be all a target needs.
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+    }
+    if let Some(path) = ca_file {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+            .map_err(|e| SinkSetupError::Settings(format!("forward ca_file {shown}: {e}")))?;
+        if certs.is_empty() {
+            return Err(SinkSetupError::Settings(format!(
+                "forward ca_file {shown}: holds no PEM certificate"
+            )));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| SinkSetupError::Settings(format!("forward ca_file {shown}: {e}")))?;
+        }
+    }
+    // The provider is named, not taken from the process: other crates of
+    // the binary bring rustls with a different one.
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| SinkSetupError::Settings(format!("forward TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 /// What came back from one request.
 struct Answer {
     status: StatusCode,
@@ -352,8 +425,10 @@ struct Answer {
 }
 
 /// Where a redirect from `from` to `location` leads, if Breakwater follows
-/// it: an `http://` URL, or a path (`/...`) on the same scheme and host;
-/// `None` for anything else (https, another scheme, a relative path).
+/// it: an `https://` URL, an `http://` URL when `from` is plain http too
+/// (never from TLS down to plain text), or a path (`/...`) on the same
+/// scheme and host; `None` for anything else (another scheme, a relative
+/// path).
 fn redirect_target(from: &Uri, location: &str) -> Option<Uri> {
     if location.starts_with('/') && !location.starts_with("//") {
         let mut parts = from.clone().into_parts();
@@ -361,7 +436,12 @@ fn redirect_target(from: &Uri, location: &str) -> Option<Uri> {
         return Uri::from_parts(parts).ok();
     }
     let to: Uri = location.parse().ok()?;
-    (to.scheme_str() == Some("http") && to.host().is_some()).then_some(to)
+    let scheme_ok = match to.scheme_str() {
+        Some("https") => true,
+        Some("http") => from.scheme_str() == Some("http"),
+        _ => false,
+    };
+    (scheme_ok && to.host().is_some()).then_some(to)
 }
 
 /// A `Retry-After` value: delay-seconds, or an HTTP-date (the time left
@@ -504,7 +584,17 @@ mod tests {
             Some("http://10.0.0.5:7000/hooks/v2".into())
         );
         assert_eq!(to("http://other:81/in"), Some("http://other:81/in".into()));
-        assert_eq!(to("https://other/in"), None, "https is not supported");
+        assert_eq!(to("https://other/in"), Some("https://other/in".into()));
+        let tls: Uri = "https://svc/hooks".parse().expect("uri");
+        assert_eq!(
+            redirect_target(&tls, "http://svc/in"),
+            None,
+            "never from TLS to plain text"
+        );
+        assert_eq!(
+            redirect_target(&tls, "/in").map(|u| u.to_string()),
+            Some("https://svc/in".into())
+        );
         assert_eq!(to("//other/in"), None, "scheme-relative");
         assert_eq!(to("v2"), None, "a relative path");
         assert_eq!(to("ftp://other/in"), None);
@@ -535,7 +625,7 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_urls_and_sane_bounds_are_taken() {
+    fn only_http_and_https_urls_and_sane_bounds_are_taken() {
         let spec = |url: &str| ForwardSpec {
             url: url.into(),
             timeout: Duration::from_secs(1),
@@ -544,10 +634,26 @@ mod tests {
             secret: None,
             http2: false,
             follow_redirects: 0,
+            ca_file: None,
         };
         assert!(ForwardTarget::new(spec("http://127.0.0.1:7000/x")).is_ok());
-        assert!(ForwardTarget::new(spec("https://svc/x")).is_err());
+        assert!(ForwardTarget::new(spec("https://svc/x")).is_ok());
+        assert!(ForwardTarget::new(spec("ftp://svc/x")).is_err());
         assert!(ForwardTarget::new(spec("not a url")).is_err());
+        let mut s = spec("http://svc/x");
+        s.ca_file = Some("/etc/hostname".into());
+        assert!(
+            ForwardTarget::new(s).is_err(),
+            "a CA file on a plain http target"
+        );
+        let mut s = spec("https://svc/x");
+        s.ca_file = Some("/nonexistent/ca.pem".into());
+        let err = ForwardTarget::new(s).expect_err("no such file").to_string();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+        let mut s = spec("https://svc/x");
+        s.ca_file = Some("/etc/hostname".into());
+        let err = ForwardTarget::new(s).expect_err("not PEM").to_string();
+        assert!(err.contains("no PEM certificate"), "{err}");
         let mut s = spec("http://svc/x");
         s.secret = Some("whsec_!!".into());
         assert!(

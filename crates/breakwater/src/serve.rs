@@ -249,6 +249,7 @@ pub fn forward_spec(forward: &crate::config::ForwardConfig, secret: Option<Strin
         secret,
         http2: forward.http2,
         follow_redirects: forward.follow_redirects,
+        ca_file: forward.ca_file.clone(),
     }
 }
 

@@ -158,6 +158,7 @@ async fn run_phases(
         secret: Some(FORWARD_SECRET.to_owned()),
         http2: false,
         follow_redirects: 0,
+        ca_file: None,
     })?;
     let sink = Arc::new(RoutedSink::new(
         database,

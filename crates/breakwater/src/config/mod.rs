@@ -716,8 +716,16 @@ secrets = ["topsecret"]
         assert!(err.contains("source[0].forward"), "{err}");
         assert!(err.contains("not both"), "{err}");
         let https = format!("{source}forward = {{ url = \"https://svc/hooks\" }}\n");
-        let err = parse(&https).expect_err("https").to_string();
-        assert!(err.contains("https is not supported"), "{err}");
+        parse(&https).expect("an https target");
+        let no_ca = format!(
+            "{source}forward = {{ url = \"https://svc/hooks\", ca_file = \"/nonexistent/ca.pem\" }}\n"
+        );
+        let err = parse(&no_ca).expect_err("a CA file not there").to_string();
+        assert!(err.contains("source[0].forward"), "{err}");
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+        let ftp = format!("{source}forward = {{ url = \"ftp://svc/hooks\" }}\n");
+        let err = parse(&ftp).expect_err("ftp").to_string();
+        assert!(err.contains("https://host"), "{err}");
         let typo = format!("{source}forward = {{ url = \"http://svc/\", timeout = 5 }}\n");
         let err = parse(&typo).expect_err("unknown key").to_string();
         assert!(err.contains("timeout"), "{err}");

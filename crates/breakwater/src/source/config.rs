@@ -131,7 +131,7 @@ pub struct SourceConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwardConfig {
-    /// `http://host:port/path`.
+    /// `http://host:port/path` or `https://host:port/path`.
     pub url: String,
     /// The whole request, connecting included, in milliseconds.
     #[serde(default = "ForwardConfig::default_timeout_ms")]
@@ -145,7 +145,8 @@ pub struct ForwardConfig {
     /// (`whsec_<base64>`) the forwarded requests are signed with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_env: Option<String>,
-    /// HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    /// HTTP/2 instead of HTTP/1.1: with prior knowledge (h2c) on
+    /// `http://`, offered by ALPN on `https://`.
     #[serde(default)]
     pub http2: bool,
     /// Redirects followed per request (307 and 308 only: they keep the
@@ -154,6 +155,10 @@ pub struct ForwardConfig {
     /// status and `Location`.
     #[serde(default)]
     pub follow_redirects: u32,
+    /// PEM file of certificates trusted for an `https://` url besides the
+    /// system's roots (a private CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl ForwardConfig {
