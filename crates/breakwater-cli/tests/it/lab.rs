@@ -1,5 +1,6 @@
 //! Short runs of every outage-lab scenario in Breakwater mode, against the
-//! real PostgreSQL, asserting the invariants the lab exists to show.
+//! real PostgreSQL or (`--sink http`) the lab's own HTTP service, asserting
+//! the invariants the lab exists to show.
 
 use std::process::Command;
 
@@ -8,6 +9,11 @@ use crate::utils::binary;
 /// Runs `breakwater lab <scenario>` briefly and returns the Breakwater
 /// mode's figures from its JSON.
 fn lab(scenario: &str) -> serde_json::Value {
+    lab_with(scenario, &[])
+}
+
+/// [`lab`] with more arguments.
+fn lab_with(scenario: &str, extra: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("lab.json");
     let out = Command::new(binary())
@@ -34,6 +40,7 @@ fn lab(scenario: &str) -> serde_json::Value {
         .arg(dir.path())
         .arg("--database-url")
         .arg(format!("{}/test", crate::pg::server_url()))
+        .args(extra)
         .output()
         .expect("run breakwater lab");
     assert!(
@@ -100,4 +107,31 @@ fn slow_db_loses_nothing() {
     let m = lab("slow-db");
     assert_eq!(m["lost"], 0);
     assert_eq!(m["dead_lettered"], 0);
+}
+
+#[test]
+fn an_erroring_service_opens_the_breaker_and_gets_everything_after() {
+    let m = lab_with("erroring", &["--sink", "http"]);
+    assert_eq!(m["lost"], 0);
+    assert_eq!(m["dead_lettered"], 0);
+    assert_eq!(m["pending"], 0);
+    assert_eq!(m["applied"], m["accepted"], "every webhook delivered once");
+    assert_eq!(m["breaker_opened"], true, "{}", m["breaker_transitions"]);
+}
+
+#[test]
+fn a_hanging_service_loses_nothing() {
+    let m = lab_with("hanging", &["--sink", "http"]);
+    assert_eq!(m["lost"], 0);
+    assert_eq!(m["dead_lettered"], 0);
+    assert_eq!(m["applied"], m["accepted"]);
+}
+
+#[test]
+fn a_service_refusing_poison_dead_letters_only_those() {
+    let m = lab_with("poison", &["--sink", "http"]);
+    assert_eq!(m["lost"], 0);
+    assert!(m["accepted_poison"].as_u64().is_some_and(|n| n > 0));
+    assert_eq!(m["dead_lettered"], m["accepted_poison"]);
+    assert_eq!(m["breaker_opened"], false);
 }

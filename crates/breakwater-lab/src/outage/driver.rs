@@ -76,6 +76,9 @@ pub async fn drive(spec: DriveSpec, counters: Arc<DriveCounters>) {
         let body = serde_json::json!({
             "id": event_id,
             "type": "order.updated",
+            // When it was sent (wall clock, ms): the lab's service measures
+            // each delivery's lag from it.
+            "sent_ms": breakwater::ingress::unix_now_ms(),
             "data": {"object": {"id": order, "status": status}}
         })
         .to_string()

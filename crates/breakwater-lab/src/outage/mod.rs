@@ -1,24 +1,28 @@
-//! `breakwater lab <scenario>`: reproduce a database fault against a real
-//! PostgreSQL while a webhook stream flows through the real ingress, queue
+//! `breakwater lab <scenario>`: reproduce a fault of the dependency (a real
+//! PostgreSQL, or with `--sink http` an internal HTTP service the lab
+//! starts) while a webhook stream flows through the real ingress, queue
 //! and workers, once with a naive consumer and once with Breakwater, and
 //! report both side by side.
 //!
 //! Each mode runs in this process on its own ports, queue and scratch
-//! schema (`bw_lab_<pid>_<mode>` in the given database, dropped after), with
-//! the sink reaching PostgreSQL through a [`FaultProxy`]. The timeline:
+//! schema (`bw_lab_<pid>_<mode>` in the given database, dropped after), or
+//! its own [`service::LabService`], with the sink reaching it through a
+//! [`FaultProxy`]. The timeline:
 //!
 //! ```text
 //! 0 ─── load at --rate ────────────────────────────────────── --duration ── drain ──▶
 //!          fault at --fault-at ──── --fault-secs ────▶ recovery
 //! ```
 //!
-//! | scenario | fault |
-//! |---|---|
-//! | `hot-row` | another session holds `SELECT ... FOR UPDATE` on order 1042 (30% of the events) |
-//! | `slow-db` | the proxy delays every chunk both ways (`--latency-ms`) |
-//! | `db-down` | the proxy resets every connection and refuses new ones |
-//! | `poison` | no fault; 10% of the events violate a CHECK constraint |
-//! | `overload` | `--overload-sessions` other sessions run a CPU-heavy query in a loop, straight to PostgreSQL |
+//! | scenario | fault (`--sink db`) | fault (`--sink http`) |
+//! |---|---|---|
+//! | `hot-row` | another session holds `SELECT ... FOR UPDATE` on order 1042 (30% of the events) | the service holds every request for order 1042 |
+//! | `slow-db` (`slow`) | the proxy delays every chunk both ways (`--latency-ms`) | the same, in front of the service |
+//! | `db-down` (`down`) | the proxy resets every connection and refuses new ones | the same |
+//! | `hanging` | the proxy swallows every byte, answers nothing | the service accepts and never answers |
+//! | `erroring` | - | the service answers 503 to every webhook |
+//! | `poison` | no fault; 10% of the events violate a CHECK constraint | no fault; the service answers 422 to 10% |
+//! | `overload` | `--overload-sessions` other sessions run a CPU-heavy query in a loop, straight to PostgreSQL | - |
 //!
 //! **Naive mode** is the antipattern from the design, for comparison only:
 //! 32 workers on a pool of 20, no lock timeout (statement timeout 60 s), no
@@ -29,16 +33,19 @@
 //! of it is used. **Fixed mode** is Breakwater mode with the limiter off
 //! (16 applies at most, as before the limiter).
 //!
-//! Every sample also times a small query of the lab's own
-//! (`SELECT count(*)` over 100 orders, straight to PostgreSQL, not through
-//! the proxy): the database's latency for an unrelated client.
+//! Every sample also times a probe of the lab's own, straight to the
+//! dependency, not through the proxy: a small query (`SELECT count(*)`
+//! over 100 orders), or the service's `GET /probe`: the dependency's
+//! latency for an unrelated client.
 //!
 //! Measured every 250 ms ([`Sample`]) and in total ([`ModeReport`]); how each
 //! figure is computed is documented on its field.
 
 pub mod chart;
+mod dependency;
 pub mod driver;
 pub mod report;
+pub mod service;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,9 +57,11 @@ use breakwater_faultproxy::{Fault, FaultProxy};
 use serde::Serialize;
 use tokio_postgres::NoTls;
 
-use self::driver::{DriveCounters, DriveSpec, HOT_ORDER, UNRELATED_ORDERS};
+use self::dependency::Dependency;
+use self::driver::{DriveCounters, DriveSpec, HOT_ORDER};
 pub use self::report::{LabReport, ModeReport, Sample};
-use breakwater::config::{BackoffJitter, Config, StatementConfig};
+use self::service::Behaviour;
+use breakwater::config::{BackoffJitter, Config, ForwardConfig, StatementConfig};
 use breakwater::serve::{self, Role};
 
 use crate::naive::RetryInPlace;
@@ -65,10 +74,26 @@ const LAB_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 #[serde(rename_all = "kebab-case")]
 pub enum Scenario {
     HotRow,
+    #[value(alias = "slow")]
     SlowDb,
+    #[value(alias = "down")]
     DbDown,
+    /// The dependency takes requests and never answers.
+    Hanging,
+    /// `--sink http` only: the service answers 503.
+    Erroring,
     Poison,
     Overload,
+}
+
+/// What the pipeline writes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LabSink {
+    /// The scratch schema of a real PostgreSQL (`--database-url`).
+    Db,
+    /// An internal HTTP service the lab starts, through the forward sink.
+    Http,
 }
 
 pub use crate::backend::LabBackend;
@@ -143,6 +168,10 @@ pub struct LabArgs {
     /// Most seconds to wait for the backlog after the load ends.
     #[arg(long, default_value_t = 90)]
     pub drain_timeout: u64,
+    /// What the pipeline writes to: PostgreSQL, or a forward target (the
+    /// lab's own HTTP service, 16 requests at once, 2 ms each).
+    #[arg(long, value_enum, default_value_t = LabSink::Db)]
+    pub sink: LabSink,
     /// Which queue backend holds the webhooks.
     #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
     pub backend: LabBackend,
@@ -241,6 +270,16 @@ impl LabArgs {
             self.rate.is_finite() && self.rate > 0.0,
             "--rate must be a positive number of webhooks per second"
         );
+        match (self.scenario, self.sink) {
+            (Scenario::Erroring, LabSink::Db) => anyhow::bail!(
+                "erroring is a scenario of the HTTP service: add --sink http \
+                 (a database that fails every call is db-down)"
+            ),
+            (Scenario::Overload, LabSink::Http) => anyhow::bail!(
+                "overload loads the database; with --sink http try slow-db, erroring or hanging"
+            ),
+            _ => {}
+        }
         Ok(())
     }
 }
@@ -294,9 +333,14 @@ pub const POISON_SHARE: f64 = 0.1;
 const NAIVE_ATTEMPTS: u32 = 3;
 
 /// The config of one mode.
+///
+/// `sink_url` is the database (through the proxy); with `forward`, the
+/// source forwards to that URL instead, and the database is a scratch
+/// SQLite file nothing is written to.
 fn mode_config(
     mode: Mode,
     sink_url: String,
+    forward: Option<String>,
     queue_dir: std::path::PathBuf,
     pool_max: usize,
 ) -> Config {
@@ -308,10 +352,6 @@ fn mode_config(
         Mode::Fixed => c.breaker.limiter.enabled = false,
         Mode::Naive => {}
     }
-    c.sources[0].statements.push(StatementConfig {
-        sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity".into(),
-        params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
-    });
     if mode == Mode::Naive {
         c.sink.lock_timeout_ms = 60_000;
         c.sink.statement_timeout_ms = 60_001;
@@ -324,6 +364,20 @@ fn mode_config(
         c.workers.backoff_base_ms = 200;
         c.workers.backoff_cap_ms = 200;
         c.breaker.dry_run = true;
+    }
+    match forward {
+        Some(url) => {
+            c.sources[0].forward = Some(ForwardConfig {
+                // As many requests at once as the workers make.
+                max_connections: c.concurrency_ceiling().max(32) as usize,
+                ..ForwardConfig::new(url)
+            });
+        }
+        None => c.sources[0].statements.push(StatementConfig {
+            sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity"
+                .into(),
+            params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
+        }),
     }
     c
 }
@@ -339,53 +393,67 @@ fn wall_ms() -> i64 {
 }
 
 async fn run_mode(args: &LabArgs, mode: Mode) -> anyhow::Result<ModeReport> {
-    let target = target(&args.database_url).await?;
     let tag = format!("{}_{}", std::process::id(), mode.as_str());
-    let schema = format!("bw_lab_{tag}");
-    let direct = connect(&args.database_url).await?;
-    direct
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
-             CREATE TABLE {schema}.orders (
-                 id bigint PRIMARY KEY,
-                 status text NOT NULL CHECK (status <> 'poison'),
-                 updated_at timestamptz);
-             INSERT INTO {schema}.orders (id, status)
-                 SELECT g, 'new' FROM generate_series(1, {UNRELATED_ORDERS}) g;
-             INSERT INTO {schema}.orders (id, status) VALUES ({HOT_ORDER}, 'new');"
-        ))
-        .await
-        .context("cannot create the lab's scratch schema")?;
-    let result = run_mode_in(args, mode, &target, &schema, &tag, &direct).await;
-    if let Err(e) = direct
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-        .await
-    {
-        tracing::warn!(error = %e, %schema, "cannot drop the lab schema");
-    }
+    let dependency = match args.sink {
+        LabSink::Db => Dependency::database(&args.database_url, &tag).await?,
+        LabSink::Http => Dependency::service().await?,
+    };
+    let result = run_mode_in(args, mode, &dependency, &tag).await;
+    dependency.remove().await;
     result
+}
+
+/// The proxy in front of `dependency`, and the mode's config reaching the
+/// dependency through it.
+async fn wire(
+    args: &LabArgs,
+    mode: Mode,
+    dependency: &Dependency,
+    queue_dir: &std::path::Path,
+) -> anyhow::Result<(FaultProxy, Config)> {
+    let local = SocketAddr::from(([127, 0, 0, 1], 0));
+    Ok(match dependency {
+        Dependency::Database(db) => {
+            let target = target(&db.url).await?;
+            let proxy = FaultProxy::start(local, target.upstream).await?;
+            let auth = match &target.password {
+                Some(p) => format!("{}:{p}", target.user),
+                None => target.user.clone(),
+            };
+            let sink_url = format!(
+                "postgres://{auth}@{}/{}?application_name={}&options=-c%20search_path%3D{}",
+                proxy.local_addr(),
+                target.dbname,
+                db.app_name,
+                db.schema
+            );
+            let config = mode_config(mode, sink_url, None, queue_dir.to_owned(), args.pool_max);
+            (proxy, config)
+        }
+        Dependency::Service { service, .. } => {
+            let proxy = FaultProxy::start(local, service.addr()).await?;
+            let unused_db = format!("sqlite://{}", queue_dir.join("unused-sink.db").display());
+            let forward = format!("http://{}/hooks", proxy.local_addr());
+            let config = mode_config(
+                mode,
+                unused_db,
+                Some(forward),
+                queue_dir.to_owned(),
+                args.pool_max,
+            );
+            (proxy, config)
+        }
+    })
 }
 
 async fn run_mode_in(
     args: &LabArgs,
     mode: Mode,
-    target: &Target,
-    schema: &str,
+    dependency: &Dependency,
     app: &str,
-    direct: &tokio_postgres::Client,
 ) -> anyhow::Result<ModeReport> {
-    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], 0)), target.upstream).await?;
-    let auth = match &target.password {
-        Some(p) => format!("{}:{p}", target.user),
-        None => target.user.clone(),
-    };
-    let sink_url = format!(
-        "postgres://{auth}@{}/{}?application_name=bw_lab_{app}&options=-c%20search_path%3D{schema}",
-        proxy.local_addr(),
-        target.dbname
-    );
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
-    let mut config = mode_config(mode, sink_url, queue_dir.clone(), args.pool_max);
+    let (proxy, mut config) = wire(args, mode, dependency, &queue_dir).await?;
     let queue_name = format!("bwlab_{app}_{}", wall_ms());
     if let Some(section) = args
         .backend
@@ -446,11 +514,10 @@ async fn run_mode_in(
         },
         tag: app.to_owned(),
     };
-    // The database unloaded: the lab's probe query before any webhook.
-    let probe_sql = format!("SELECT count(*) FROM {schema}.orders WHERE id <= 100");
+    // The dependency unloaded: the lab's probe before any webhook.
     let mut idle_probes = Vec::new();
     for _ in 0..IDLE_PROBES {
-        idle_probes.extend(time_probe(direct, &probe_sql).await);
+        idle_probes.extend(dependency.probe().await);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let started = Instant::now();
@@ -463,15 +530,6 @@ async fn run_mode_in(
     let mut applies_at_fault = (0u64, 0u64);
     let mut drive_done_at: Option<Instant> = None;
     let mut last_progress = Instant::now();
-    let inbox_sql = format!(
-        "SELECT count(*) FILTER (WHERE entity_key = '{HOT_ORDER}'),
-                count(*) FILTER (WHERE entity_key IS DISTINCT FROM '{HOT_ORDER}')
-         FROM {schema}.breakwater_inbox"
-    );
-    let activity_sql = "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),
-                               count(*) FILTER (WHERE state <> 'idle')
-                        FROM pg_stat_activity WHERE application_name = $1";
-    let app_name = format!("bw_lab_{app}");
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     loop {
         tick.tick().await;
@@ -480,25 +538,17 @@ async fn run_mode_in(
         if t >= fault_start && !fault.started && args.scenario != Scenario::Poison {
             wall_fault.0 = wall_ms();
             applies_at_fault.0 = applies.load(Ordering::Relaxed);
-            fault.start(args, &proxy, schema).await?;
+            fault.start(args, &proxy, dependency).await?;
         }
         if t >= fault_end && fault.started && !fault.ended {
             wall_fault.1 = wall_ms();
             applies_at_fault.1 = applies.load(Ordering::Relaxed);
-            fault.end(&proxy).await?;
+            fault.end(&proxy, dependency).await?;
         }
         // The sample.
-        let (applied_hot, applied_unrelated) = direct
-            .query_one(inbox_sql.as_str(), &[])
-            .await
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
-            .unwrap_or((0, 0));
-        let (lock_waiters, active) = direct
-            .query_one(activity_sql, &[&app_name])
-            .await
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
-            .unwrap_or((0, 0));
-        let probe_ms = time_probe(direct, &probe_sql).await;
+        let (applied_hot, applied_unrelated) = dependency.applied().await;
+        let (lock_waiters, active) = dependency.activity().await;
+        let probe_ms = dependency.probe().await;
         let stats = running.queue.stats().await.unwrap_or_default();
         let gate = controller.gate();
         let status_state = controller.status().state;
@@ -558,7 +608,7 @@ async fn run_mode_in(
     }
     driver.await.context("the driver panicked")?;
     if fault.started && !fault.ended {
-        fault.end(&proxy).await?;
+        fault.end(&proxy, dependency).await?;
     }
     let history_at = started.elapsed();
     let status = controller.status();
@@ -572,38 +622,10 @@ async fn run_mode_in(
         .remove(&args.backend.url(args.queue_url.as_deref()), &queue_name)
         .await;
 
-    // Totals, read from the database itself.
-    let applied: i64 = direct
-        .query_one(
-            &format!("SELECT count(*) FROM {schema}.breakwater_inbox"),
-            &[],
-        )
-        .await?
-        .get(0);
+    // Totals, read from the dependency itself.
+    let applied = dependency.applied_total().await?;
     let lag = if wall_fault.1 > 0 {
-        direct
-            .query_one(
-                &format!(
-                    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
-                            percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),
-                            count(*)
-                     FROM (SELECT extract(epoch FROM applied_at - received_at) * 1000 AS ms
-                           FROM {schema}.breakwater_inbox
-                           WHERE entity_key IS DISTINCT FROM '{HOT_ORDER}'
-                             AND received_at >= to_timestamp($1::float8 / 1000)
-                             AND received_at <  to_timestamp($2::float8 / 1000)) s"
-                ),
-                &[&(wall_fault.0 as f64), &(wall_fault.1 as f64)],
-            )
-            .await
-            .map(|r| {
-                (
-                    r.get::<_, Option<f64>>(0),
-                    r.get::<_, Option<f64>>(1),
-                    r.get::<_, i64>(2),
-                )
-            })
-            .unwrap_or((None, None, 0))
+        dependency.unrelated_lag(wall_fault.0, wall_fault.1).await
     } else {
         (None, None, 0)
     };
@@ -615,12 +637,12 @@ async fn run_mode_in(
         accepted,
         accepted_poison: counters.accepted_poison.load(Ordering::Relaxed),
         refused: counters.refused.load(Ordering::Relaxed),
-        applied: applied as u64,
+        applied,
         dead_lettered: dead,
         pending: count(stats.visible) + count(stats.in_flight) + count(stats.delayed),
         lag_p50_ms: lag.0,
         lag_p99_ms: lag.1,
-        lag_count: lag.2 as u64,
+        lag_count: lag.2,
         statements_during_fault: applies_at_fault.1.saturating_sub(applies_at_fault.0),
         fault_start_ms: fault_start.as_millis() as u64,
         fault_end_ms: fault_end_offset,
@@ -633,16 +655,6 @@ async fn run_mode_in(
         scenario: args.scenario,
     });
     Ok(report)
-}
-
-/// How long the lab's probe query took, milliseconds (none if it failed).
-async fn time_probe(direct: &tokio_postgres::Client, sql: &str) -> Option<f64> {
-    let started = Instant::now();
-    direct
-        .query_one(sql, &[])
-        .await
-        .ok()
-        .map(|_| started.elapsed().as_secs_f64() * 1000.0)
 }
 
 /// What the scenario's fault holds while it lasts.
@@ -685,40 +697,54 @@ impl FaultState {
         &mut self,
         args: &LabArgs,
         proxy: &FaultProxy,
-        schema: &str,
+        dependency: &Dependency,
     ) -> anyhow::Result<()> {
         self.started = true;
-        match args.scenario {
-            Scenario::HotRow => {
-                let locker = connect(&args.database_url).await?;
+        match (args.scenario, dependency) {
+            (Scenario::HotRow, Dependency::Database(db)) => {
+                let locker = connect(&db.url).await?;
                 locker
                     .batch_execute(&format!(
-                        "BEGIN; SELECT 1 FROM {schema}.orders WHERE id = {HOT_ORDER} FOR UPDATE;"
+                        "BEGIN; SELECT 1 FROM {}.orders WHERE id = {HOT_ORDER} FOR UPDATE;",
+                        db.schema
                     ))
                     .await
                     .context("cannot lock the hot row")?;
                 self.locker = Some(locker);
             }
-            Scenario::SlowDb => proxy.set(Fault::Latency {
+            (Scenario::HotRow, Dependency::Service { service, .. }) => {
+                service.set(Behaviour::KeyLocked);
+            }
+            (Scenario::SlowDb, _) => proxy.set(Fault::Latency {
                 per_chunk: Duration::from_millis(args.latency_ms),
             }),
-            Scenario::DbDown => {
+            (Scenario::DbDown, _) => {
                 proxy.set(Fault::ResetAll);
                 proxy.set(Fault::Refuse);
             }
-            Scenario::Overload => {
+            (Scenario::Hanging, Dependency::Database(_)) => proxy.set(Fault::Blackhole),
+            (Scenario::Hanging, Dependency::Service { service, .. }) => {
+                service.set(Behaviour::Hanging);
+            }
+            (Scenario::Erroring, Dependency::Service { service, .. }) => {
+                service.set(Behaviour::Erroring);
+            }
+            (Scenario::Overload, Dependency::Database(db)) => {
                 let (stop, rx) = tokio::sync::watch::channel(false);
                 let loops = (0..args.overload_sessions)
-                    .map(|_| tokio::spawn(heavy_loop(args.database_url.clone(), rx.clone())))
+                    .map(|_| tokio::spawn(heavy_loop(db.url.clone(), rx.clone())))
                     .collect();
                 self.heavy = Some((stop, loops));
             }
-            Scenario::Poison => {}
+            // Refused by `LabArgs::check`.
+            (Scenario::Erroring, Dependency::Database(_))
+            | (Scenario::Overload, Dependency::Service { .. })
+            | (Scenario::Poison, _) => {}
         }
         Ok(())
     }
 
-    async fn end(&mut self, proxy: &FaultProxy) -> anyhow::Result<()> {
+    async fn end(&mut self, proxy: &FaultProxy, dependency: &Dependency) -> anyhow::Result<()> {
         self.ended = true;
         if let Some(locker) = self.locker.take() {
             locker.batch_execute("ROLLBACK").await?;
@@ -728,6 +754,9 @@ impl FaultState {
             for l in loops {
                 let _ = l.await;
             }
+        }
+        if let Dependency::Service { service, .. } = dependency {
+            service.set(Behaviour::Healthy);
         }
         proxy.set(Fault::None);
         Ok(())

@@ -70,7 +70,8 @@ pub struct ModeReport {
     pub unrelated_applied_during_fault: u64,
     /// Most sessions waiting on a lock at once (any sample).
     pub max_lock_waiters: u64,
-    /// Most sessions in use at once (any sample).
+    /// Most sessions in use at once (any sample); with `--sink http`, the
+    /// most webhook requests the service held unanswered.
     pub max_connections_active: u64,
     /// Database sessions waiting on a lock, integrated over the run
     /// (sum of samples x 0.25 s): the lock-wait load put on the database.
@@ -149,7 +150,7 @@ pub(super) struct Inputs {
 }
 
 /// The `q` quantile (0..=1) of `v`, nearest rank.
-fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+pub(super) fn quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -276,8 +277,15 @@ impl LabReport {
             _ => format!("fault at {} s for {} s", p.fault_at, p.fault_secs),
         };
         format!(
-            "lab {:?} on {:?}: {} webhooks/s for {} s, {what}",
-            self.scenario, p.backend, p.rate, p.duration
+            "lab {:?} on {:?} into {}: {} webhooks/s for {} s, {what}",
+            self.scenario,
+            p.backend,
+            match p.sink {
+                super::LabSink::Db => "PostgreSQL",
+                super::LabSink::Http => "an HTTP service (the probe: its GET /probe)",
+            },
+            p.rate,
+            p.duration
         )
     }
 }
@@ -310,28 +318,28 @@ impl fmt::Display for LabReport {
             ("max sessions waiting on a lock", |m| {
                 m.max_lock_waiters.to_string()
             }),
-            ("max sessions in use", |m| {
+            ("max sessions (requests) in use", |m| {
                 m.max_connections_active.to_string()
             }),
             ("lock-wait session-seconds", |m| {
                 format!("{:.1}", m.lock_wait_session_seconds)
             }),
-            ("transactions during fault", |m| {
+            ("applies sent during fault", |m| {
                 m.statements_during_fault.to_string()
             }),
             ("drain after fault (s)", |m| {
                 m.drain_seconds
                     .map_or_else(|| "-".to_owned(), |d| format!("{d:.1}"))
             }),
-            ("db probe query, no load (ms)", |m| {
+            ("probe, no load (ms)", |m| {
                 m.db_probe_idle_ms
                     .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
             }),
-            ("db probe query before (ms)", |m| {
+            ("probe before the fault (ms)", |m| {
                 m.db_probe_before_ms
                     .map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
             }),
-            ("db probe query in fault p50/p95", |m| {
+            ("probe in fault p50/p95 (ms)", |m| {
                 match (m.db_probe_fault_p50_ms, m.db_probe_fault_p95_ms) {
                     (Some(a), Some(b)) => format!("{a:.1}/{b:.1}"),
                     _ => "-".to_owned(),

@@ -162,6 +162,20 @@ pub struct ForwardConfig {
 }
 
 impl ForwardConfig {
+    /// Forwarding to `url` with every other key at its default.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            timeout_ms: Self::default_timeout_ms(),
+            connect_timeout_ms: Self::default_connect_timeout_ms(),
+            max_connections: Self::default_max_connections(),
+            secret_env: None,
+            http2: false,
+            follow_redirects: 0,
+            ca_file: None,
+        }
+    }
+
     fn default_timeout_ms() -> u64 {
         5_000
     }
