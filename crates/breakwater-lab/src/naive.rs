@@ -68,4 +68,8 @@ impl Sink for RetryInPlace {
     async fn lock_snapshot(&self) -> Option<LockSnapshot> {
         self.inner.lock_snapshot().await
     }
+
+    async fn reachable(&self) -> Option<bool> {
+        self.inner.reachable().await
+    }
 }

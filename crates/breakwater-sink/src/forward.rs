@@ -43,6 +43,8 @@ use tokio::sync::Semaphore;
 use crate::target_gate::{GateSettings, Pass, TargetGate};
 use crate::{Applied, Event, SinkError, SinkSetupError, TargetFailure};
 
+/// How long a reachability check's connection must stay open.
+const REACH_HOLD: Duration = Duration::from_millis(50);
 /// Most bytes of a refusal's body kept in the DLQ entry.
 const EXCERPT_BYTES: usize = 512;
 /// Most bytes of an answer's body read (the rest is dropped with the
@@ -156,6 +158,39 @@ impl ForwardTarget {
             uri,
             client,
         })
+    }
+
+    /// Whether the target accepts a TCP connection within the connect
+    /// timeout and keeps it open for [`REACH_HOLD`] (nothing is sent: no
+    /// TLS, no request), a check that adds no load to a service that is
+    /// down. A peer that accepts and resets at once (a balancer or proxy
+    /// with no backend) is not reachable.
+    pub async fn reachable(&self) -> bool {
+        let Some(host) = self.uri.host() else {
+            return false;
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port = self
+            .uri
+            .port_u16()
+            .unwrap_or(if self.uri.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            });
+        let connect = tokio::net::TcpStream::connect((host, port));
+        let Ok(Ok(stream)) = tokio::time::timeout(self.spec.connect_timeout, connect).await else {
+            return false;
+        };
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(REACH_HOLD, stream.peek(&mut first)).await {
+            // Quiet: open, waiting for a request.
+            Err(_) => true,
+            // Closed or reset.
+            Ok(Ok(0) | Err(_)) => false,
+            // It spoke first (a banner): open too.
+            Ok(Ok(_)) => true,
+        }
     }
 
     /// Requests in flight now, and the most there may be.

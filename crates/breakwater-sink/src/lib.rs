@@ -327,6 +327,13 @@ pub trait Sink: Send + Sync + 'static {
     async fn lock_snapshot(&self) -> Option<LockSnapshot> {
         None
     }
+    /// A cheap check that the dependency can be reached again (a TCP
+    /// connect, nothing sent), for a breaker held open by connection
+    /// failures; `None` where the sink has no such check (the database
+    /// sinks: [`Sink::lock_snapshot`] answering says as much).
+    async fn reachable(&self) -> Option<bool> {
+        None
+    }
     /// Connections in use and the pool's maximum.
     fn pool_usage(&self) -> (usize, usize);
 }

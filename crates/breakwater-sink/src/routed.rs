@@ -57,6 +57,20 @@ impl Sink for RoutedSink {
         self.database.lock_snapshot().await
     }
 
+    /// Every target accepts a connection (they are checked together).
+    async fn reachable(&self) -> Option<bool> {
+        if self.forwards.is_empty() {
+            return self.database.reachable().await;
+        }
+        let checks = self.forwards.values().map(ForwardTarget::reachable);
+        Some(
+            futures_util::future::join_all(checks)
+                .await
+                .into_iter()
+                .all(|ok| ok),
+        )
+    }
+
     fn pool_usage(&self) -> (usize, usize) {
         self.forwards
             .values()

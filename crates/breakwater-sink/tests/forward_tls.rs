@@ -1,6 +1,7 @@
-//! The forward sink against a real HTTPS service: a TLS server started by
-//! the test on a loopback port, with a certificate made for it by a CA the
-//! test trusts through the target's `ca_file` (or does not).
+//! The forward sink against real servers on loopback ports: an HTTPS
+//! service (a TLS server started by the test, with a certificate made for
+//! it by a CA the test trusts through the target's `ca_file`, or does
+//! not), and the listeners its reachability check must tell apart.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -194,5 +195,40 @@ async fn a_certificate_not_trusted_is_a_dependency_failure_and_reaches_nothing()
     assert!(
         service.seen.lock().expect("log").is_empty(),
         "no request reached the service"
+    );
+}
+
+/// The connect check a breaker held open by connection failures uses: a
+/// service listening is reachable; a closed port and a peer that accepts
+/// and resets at once (a balancer with no backend) are not.
+#[tokio::test]
+async fn reachable_means_a_connection_that_stays_open() {
+    let service = start_tls_service().await;
+    let target = |port: u16| {
+        ForwardTarget::new(spec(format!("https://127.0.0.1:{port}/hooks"), None, false))
+            .expect("target")
+    };
+    assert!(target(service.addr.port()).reachable().await, "listening");
+
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let closed_port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    assert!(!target(closed_port).reachable().await, "a closed port");
+
+    let resetting = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let resetting_port = resetting.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = resetting.accept().await {
+            // Closed at once: the check sees the end of the stream.
+            drop(stream);
+        }
+    });
+    assert!(
+        !target(resetting_port).reachable().await,
+        "accepted and reset at once"
     );
 }

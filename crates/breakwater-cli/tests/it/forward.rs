@@ -411,3 +411,66 @@ async fn one_target_down_pauses_neither_the_other_nor_the_breaker() {
         "{seen_while_down} requests reached the down target while it was down"
     );
 }
+
+/// A target that refuses connections opens the breaker; once it accepts
+/// them again, the controller's connect check ends the cool-down early:
+/// the webhooks arrive within seconds of its return, well before the 20 s
+/// cool-down would have ended, and the history says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_back_from_refusing_connections_is_found_before_the_cool_down_ends() {
+    use breakwater_faultproxy::{Fault, FaultProxy};
+    let receiver = Receiver::start(always(StatusCode::OK)).await;
+    let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), receiver.addr)
+        .await
+        .expect("proxy");
+    proxy.set(Fault::Refuse);
+    let sandbox = Sandbox::new(&format!(
+        "forward = {{ url = \"http://{}/hooks/stripe\", secret_env = \"{SECRET_ENV}\", \
+         connect_timeout_ms = 200 }}\n\n\
+         [breaker.cool_down]\nbase_ms = 20000\ncap_ms = 20000\njitter = 0.0\n",
+        proxy.local_addr()
+    ));
+    let server = start(&sandbox);
+    let http = Http::default();
+    let ids: Vec<String> = (0..30).map(|i| format!("evt_refused_{i}")).collect();
+    for id in &ids {
+        send(&http, &server, id).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = http.get(&server.admin_url("/breaker")).await.json();
+        if view["breaker"]["state"] == "open" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the breaker never opened: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(receiver.received().is_empty(), "nothing got through yet");
+    proxy.set(Fault::None);
+    let back = Instant::now();
+    all_delivered_once_back(&receiver, &ids, Duration::ZERO, &http, &server).await;
+    let first = receiver
+        .received()
+        .iter()
+        .map(|r| r.at)
+        .min()
+        .expect("deliveries");
+    let after = first.saturating_duration_since(back);
+    println!("first delivery {after:?} after the target came back");
+    assert!(
+        after < Duration::from_secs(6),
+        "the first delivery came {after:?} after the target was back (the cool-down had 18 s left)"
+    );
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    let history = view["breaker"]["history"].to_string();
+    assert!(
+        history.contains("the dependency answers again"),
+        "the early half-open names the reachability check: {history}"
+    );
+    proxy.shutdown().await;
+}

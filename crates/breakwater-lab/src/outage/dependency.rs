@@ -165,7 +165,11 @@ impl Dependency {
     /// received in `[from_ms, to_ms)` (wall clock), and how many there
     /// were: from the ingress's receipt to the inbox row's commit, or from
     /// the driver's send to the service's first 2xx.
-    pub(super) async fn unrelated_lag(&self, from_ms: i64, to_ms: i64) -> (Option<f64>, Option<f64>, u64) {
+    pub(super) async fn unrelated_lag(
+        &self,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> (Option<f64>, Option<f64>, u64) {
         match self {
             Self::Database(db) => db
                 .direct

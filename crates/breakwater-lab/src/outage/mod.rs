@@ -374,8 +374,7 @@ fn mode_config(
             });
         }
         None => c.sources[0].statements.push(StatementConfig {
-            sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity"
-                .into(),
+            sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity".into(),
             params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
         }),
     }

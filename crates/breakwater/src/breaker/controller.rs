@@ -519,10 +519,11 @@ impl Controller {
         kinds.len() >= 5 && connection * 5 >= kinds.len() * 4
     }
 
-    /// The database answered the sampler's own session: if the breaker is
-    /// open because the database could not be reached, its cool-down ends
-    /// now (half-open, probes confirm it).
-    fn database_answered(&self) {
+    /// The dependency answered a reachability check (the sampler's own
+    /// database session, or a connect to the forward targets): if the
+    /// breaker is open because the dependency could not be reached, its
+    /// cool-down ends now (half-open, probes confirm it).
+    fn dependency_answered(&self) {
         use std::sync::atomic::Ordering;
         if self.gate().state != State::Open
             || !self.unreachable_cause()
@@ -1151,7 +1152,15 @@ impl Controller {
             // The sampler's own session reached the database: a cheap
             // reachability check, adding no load to a database that is
             // down.
-            self.database_answered();
+            self.dependency_answered();
+        }
+        // A sink with a check of its own (forward targets: a connect) is
+        // asked only while connection failures hold the breaker open.
+        if self.gate().state == State::Open
+            && self.unreachable_cause()
+            && sink.reachable().await == Some(true)
+        {
+            self.dependency_answered();
         }
     }
 }
@@ -1534,7 +1543,7 @@ mod tests {
     #[tokio::test]
     async fn a_database_that_answers_again_ends_a_cool_down_only_if_it_was_unreachable() {
         let c = opened_by("connection");
-        c.database_answered();
+        c.dependency_answered();
         let status = c.status();
         assert_eq!(status.state, State::HalfOpen, "{:?}", status.message);
         // Its probe fails: open again, and no second early half-open
@@ -1543,12 +1552,12 @@ mod tests {
         c.note_dependency_failure("connection");
         c.record(Outcome::dependency(Duration::from_millis(5)), Some(probe));
         assert_eq!(c.gate().state, State::Open);
-        c.database_answered();
+        c.dependency_answered();
         assert_eq!(c.gate().state, State::Open, "a second early half-open");
 
         // Lock timeouts: the database answering says nothing of them.
         let c = opened_by("lock_timeout");
-        c.database_answered();
+        c.dependency_answered();
         assert_eq!(c.gate().state, State::Open);
     }
 }
