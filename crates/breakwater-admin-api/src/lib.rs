@@ -176,10 +176,78 @@ pub struct DlqList {
     pub next_after: Option<String>,
 }
 
+/// Body of `POST /dlq/replay`: the dead letters to put back (`ids`, or
+/// `all`), at most `rate` a second.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    /// Ids as `GET /dlq` shows them.
+    #[serde(default)]
+    pub ids: Vec<String>,
+    /// Every dead letter instead of named ones.
+    #[serde(default)]
+    pub all: bool,
+    /// Messages per second (100).
+    #[serde(default = "ReplayRequest::default_rate")]
+    pub rate: f64,
+    /// Replays per message before it is refused (3): no loops.
+    #[serde(default = "ReplayRequest::default_max_replays")]
+    pub max_replays: u32,
+}
+
+impl ReplayRequest {
+    fn default_rate() -> f64 {
+        100.0
+    }
+    fn default_max_replays() -> u32 {
+        3
+    }
+}
+
+/// `GET /dlq/replay`, and the answer of `POST /dlq/replay` (202): the
+/// replay running now, or the last one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayStatus {
+    pub running: bool,
+    /// How many ids were named; `None` for the whole DLQ.
+    pub requested: Option<usize>,
+    /// Messages per second.
+    pub rate: f64,
+    /// Put back so far.
+    pub replayed: usize,
+    /// Named but not put back: not in the DLQ, or replayed `max_replays`
+    /// times already.
+    pub skipped: usize,
+    /// Held while the breaker is open.
+    pub waiting_for_breaker: bool,
+    pub started_ago_ms: u64,
+    /// Why it stopped early, if it did.
+    pub error: Option<String>,
+}
+
+/// Body of `POST /dlq/purge`: the dead letters to delete (`ids`, or
+/// `all`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurgeRequest {
+    #[serde(default)]
+    pub ids: Vec<String>,
+    #[serde(default)]
+    pub all: bool,
+}
+
+/// Answer of `POST /dlq/purge`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgeAnswer {
+    /// Dead letters deleted.
+    pub purged: usize,
+}
+
 /// The body of every error answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
-    /// A stable code: `unauthorized`, `queue`, `not_found`, `no_breaker`.
+    /// A stable code: `unauthorized`, `forbidden`, `queue`, `not_found`,
+    /// `no_breaker`, `bad_request`, `replay_running`.
     pub error: String,
     pub detail: String,
 }

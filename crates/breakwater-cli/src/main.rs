@@ -726,36 +726,27 @@ fn format_ago(ms: u64) -> String {
     }
 }
 
+/// `dlq ...`: through the admin API of the service that runs on this
+/// config (any backend; the replay then runs in the service, waiting while
+/// its breaker is open), or, when none answers, on the queue opened here.
 async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
+    use breakwater::admin::client::AdminClientError;
+    match dlq_through_api(config, &command).await {
+        Err(e)
+            if e.downcast_ref::<AdminClientError>()
+                .is_some_and(|e| matches!(e, AdminClientError::Unreachable { .. })) =>
+        {
+            eprintln!(
+                "no service answers at {}: opening the queue directly",
+                config.admin.listen
+            );
+        }
+        done => return done,
+    }
     let queue = serve::open_queue(config, OpenMode::Inspect).await?;
     match command {
         DlqCommand::List { limit, json } => {
-            let list = queue.dlq_list(&DlqPage::first(limit)).await?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&list)?);
-            } else if list.is_empty() {
-                outln!("the dead-letter queue is empty");
-            } else {
-                outln!(
-                    "{:<8} {:<12} {:<28} {:<10} {:>8}  error",
-                    "id",
-                    "source",
-                    "event id",
-                    "class",
-                    "attempts"
-                );
-                for d in list {
-                    outln!(
-                        "{:<8} {:<12} {:<28} {:<10} {:>8}  {}",
-                        d.id,
-                        d.source,
-                        d.event_id,
-                        d.class,
-                        d.attempts,
-                        d.error
-                    );
-                }
-            }
+            print_dead_letters(&queue.dlq_list(&DlqPage::first(limit)).await?, json)?;
         }
         DlqCommand::Show { id } => {
             let d = queue.dlq_show(&id).await?;
@@ -799,6 +790,121 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
         }
     }
     Ok(())
+}
+
+fn print_dead_letters(list: &[breakwater::queue::DeadLetter], json: bool) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&list)?);
+    } else if list.is_empty() {
+        outln!("the dead-letter queue is empty");
+    } else {
+        outln!(
+            "{:<8} {:<12} {:<28} {:<10} {:>8}  error",
+            "id",
+            "source",
+            "event id",
+            "class",
+            "attempts"
+        );
+        for d in list {
+            outln!(
+                "{:<8} {:<12} {:<28} {:<10} {:>8}  {}",
+                d.id,
+                d.source,
+                d.event_id,
+                d.class,
+                d.attempts,
+                d.error
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `dlq ...` through the admin API; an `AdminClientError::Unreachable`
+/// when no service answers.
+async fn dlq_through_api(config: &Config, command: &DlqCommand) -> anyhow::Result<()> {
+    use breakwater::admin::client::{call, call_with};
+    use breakwater_admin_api::{DlqList, PurgeAnswer, PurgeRequest, ReplayRequest, ReplayStatus};
+    use http::Method;
+    let (addr, token) = (config.admin.listen, config.admin.token.as_deref());
+    match command {
+        DlqCommand::List { limit, json } => {
+            let list: DlqList =
+                call(addr, token, Method::GET, &format!("/dlq?limit={limit}")).await?;
+            print_dead_letters(&list.items, *json)?;
+        }
+        DlqCommand::Show { id } => {
+            let d: breakwater::queue::DeadLetter = call(
+                addr,
+                token,
+                Method::GET,
+                &format!("/dlq/{}", path_segment(id)),
+            )
+            .await?;
+            outln!("{}", serde_json::to_string_pretty(&d)?);
+        }
+        DlqCommand::Replay {
+            ids,
+            all,
+            rate,
+            max_replays,
+        } => {
+            let request = ReplayRequest {
+                ids: ids.clone(),
+                all: *all,
+                rate: *rate,
+                max_replays: *max_replays,
+            };
+            let mut status: ReplayStatus =
+                call_with(addr, token, Method::POST, "/dlq/replay", Some(&request)).await?;
+            let mut said_waiting = false;
+            while status.running {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                status = call(addr, token, Method::GET, "/dlq/replay").await?;
+                if status.waiting_for_breaker && !said_waiting {
+                    eprintln!("\nthe breaker is open: the replay waits");
+                }
+                said_waiting = status.waiting_for_breaker;
+                eprint!("\rreplayed {}", status.replayed);
+            }
+            eprintln!();
+            if let Some(e) = &status.error {
+                anyhow::bail!("the replay stopped after {}: {e}", status.replayed);
+            }
+            if status.skipped > 0 {
+                eprintln!(
+                    "skipped {} (not in the DLQ, or replayed {max_replays} times already)",
+                    status.skipped
+                );
+            }
+            outln!("replayed {} message(s)", status.replayed);
+        }
+        DlqCommand::Purge { ids, all } => {
+            let request = PurgeRequest {
+                ids: ids.clone(),
+                all: *all,
+            };
+            let answer: PurgeAnswer =
+                call_with(addr, token, Method::POST, "/dlq/purge", Some(&request)).await?;
+            outln!("purged {} message(s)", answer.purged);
+        }
+    }
+    Ok(())
+}
+
+/// `id` as one path segment (a dead letter's id is the backend's: keep
+/// `/`, `?` and `%` from changing the path).
+fn path_segment(id: &str) -> String {
+    id.bytes()
+        .map(|b| {
+            if b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'%') {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// Replay waits while a running service's breaker is open (no point

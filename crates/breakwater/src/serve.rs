@@ -569,6 +569,7 @@ pub async fn start_with(
         fleet: fleet.clone(),
         parked: parked.clone(),
         queue_warnings,
+        replays: Default::default(),
     };
     tasks.push(spawn_server(
         "admin",

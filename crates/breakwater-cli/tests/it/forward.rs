@@ -474,3 +474,183 @@ async fn a_target_back_from_refusing_connections_is_found_before_the_cool_down_e
     );
     proxy.shutdown().await;
 }
+
+/// The DLQ through the admin API: a dead letter replayed with
+/// `POST /dlq/replay` waits while the breaker is open and is delivered
+/// after the reset (followed at `GET /dlq/replay`); another is deleted with
+/// `POST /dlq/purge`; requests that name nothing are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dlq_is_replayed_and_purged_through_the_admin_api() {
+    // The first two requests are refused (400: dead-lettered), the rest
+    // accepted.
+    let receiver = Receiver::start(Arc::new(|n, _| {
+        let status = if n < 2 {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::OK
+        };
+        Reply::Status(status, Vec::new())
+    }))
+    .await;
+    let sandbox = forwarding(&receiver, "");
+    let server = start(&sandbox);
+    let http = Http::default();
+    let json = [(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    )];
+    let post = |path: &'static str, body: serde_json::Value| {
+        let url = server.admin_url(path);
+        let http = &http;
+        let json = &json;
+        async move {
+            http.post(&url, json, serde_json::to_vec(&body).expect("json"))
+                .await
+        }
+    };
+    let dead_letters = |n: usize| {
+        let url = server.admin_url("/dlq");
+        let http = &http;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let list = http.get(&url).await.json();
+                let items = list["items"].as_array().cloned().unwrap_or_default();
+                if items.len() == n {
+                    return items;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{n} dead letters expected: {list}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    send(&http, &server, "evt_replayed").await;
+    let first = dead_letters(1).await;
+    send(&http, &server, "evt_purged").await;
+    let both = dead_letters(2).await;
+    let id_of = |items: &[serde_json::Value], event: &str| {
+        items
+            .iter()
+            .find(|d| d["event_id"] == event)
+            .and_then(|d| d["id"].as_str())
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("{event} not in {items:?}"))
+    };
+    assert_eq!(id_of(&first, "evt_replayed"), id_of(&both, "evt_replayed"));
+
+    // Nothing named: refused, nothing started.
+    let refused = post("/dlq/replay", serde_json::json!({})).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        refused.body
+    );
+    assert_eq!(refused.json()["error"], "bad_request");
+    let refused = post("/dlq/purge", serde_json::json!({"ids": ["1"], "all": true})).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{:?}",
+        refused.body
+    );
+    let none = http.get(&server.admin_url("/dlq/replay")).await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND, "no replay yet");
+
+    // Replay while the breaker is open: it waits.
+    let trip = http
+        .post(&server.admin_url("/breaker/trip"), &[], Vec::new())
+        .await;
+    assert_eq!(trip.status, StatusCode::OK, "{:?}", trip.body);
+    let started = post(
+        "/dlq/replay",
+        serde_json::json!({"ids": [id_of(&both, "evt_replayed")], "rate": 50.0}),
+    )
+    .await;
+    assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
+    assert_eq!(started.json()["running"], true);
+    let again = post("/dlq/replay", serde_json::json!({"all": true})).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "one replay at a time");
+    assert_eq!(again.json()["error"], "replay_running");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = http.get(&server.admin_url("/dlq/replay")).await.json();
+    assert_eq!(held["waiting_for_breaker"], true, "{held}");
+    assert_eq!(held["replayed"], 0, "{held}");
+    assert_eq!(
+        receiver.received().len(),
+        2,
+        "nothing more reached the service"
+    );
+
+    // Reset: the replay goes on, the webhook is delivered.
+    let reset = http
+        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let done = loop {
+        let s = http.get(&server.admin_url("/dlq/replay")).await.json();
+        if s["running"] == false {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the replay never ended: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(done["replayed"], 1, "{done}");
+    assert_eq!(done["skipped"], 0, "{done}");
+    assert!(done["error"].is_null(), "{done}");
+    let left = dead_letters(1).await;
+    assert_eq!(left[0]["event_id"], "evt_purged");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !receiver
+        .received()
+        .iter()
+        .skip(2)
+        .any(|r| header(r, "idempotency-key") == "evt_replayed")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the replayed webhook never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The CLI on this service's config goes through the same API.
+    let pinned = sandbox.dir.path().join("pinned.toml");
+    let config = std::fs::read_to_string(sandbox.config_path()).expect("config");
+    let admin_line = "[admin]\nlisten = \"127.0.0.1:0\"";
+    assert!(config.contains(admin_line), "{config}");
+    std::fs::write(
+        &pinned,
+        config.replace(
+            admin_line,
+            &format!("[admin]\nlisten = \"{}\"", server.admin),
+        ),
+    )
+    .expect("write the pinned config");
+    let out = std::process::Command::new(binary())
+        .args(["dlq", "list", "--json", "--config"])
+        .arg(&pinned)
+        .env(SECRET_ENV, FORWARD_SECRET)
+        .output()
+        .expect("dlq list");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("opening the queue directly"), "{stderr}");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(listed[0]["event_id"], "evt_purged", "{listed}");
+
+    // Purge the other one.
+    let purged = post("/dlq/purge", serde_json::json!({"all": true})).await;
+    assert_eq!(purged.status, StatusCode::OK, "{:?}", purged.body);
+    assert_eq!(purged.json()["purged"], 1);
+    dead_letters(0).await;
+    assert_eq!(
+        receiver.received().len(),
+        3,
+        "the purged one was never sent again"
+    );
+}

@@ -1,5 +1,6 @@
-//! A small typed client of the admin API, for the CLI (`breaker status|trip|reset`,
-//! and `dlq replay`, which waits while the breaker is open).
+//! A small typed client of the admin API, for the CLI (`breaker
+//! status|trip|reset`, and `dlq list|show|replay|purge` when a service
+//! answers).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -30,6 +31,17 @@ pub async fn call<T: serde::de::DeserializeOwned>(
     method: Method,
     path_and_query: &str,
 ) -> Result<T, AdminClientError> {
+    call_with(addr, token, method, path_and_query, None::<&()>).await
+}
+
+/// [`call`] with `body` sent as JSON.
+pub async fn call_with<T: serde::de::DeserializeOwned, B: serde::Serialize>(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: Method,
+    path_and_query: &str,
+    body: Option<&B>,
+) -> Result<T, AdminClientError> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut req = http::Request::builder()
         .method(method)
@@ -37,9 +49,16 @@ pub async fn call<T: serde::de::DeserializeOwned>(
     if let Some(t) = token {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
+    let body = match body {
+        Some(b) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Bytes::from(serde_json::to_vec(b)?)
+        }
+        None => Bytes::new(),
+    };
     let unreachable = |detail: String| AdminClientError::Unreachable { addr, detail };
     let req = req
-        .body(Full::new(Bytes::new()))
+        .body(Full::new(body))
         .map_err(|e| unreachable(e.to_string()))?;
     let resp = tokio::time::timeout(Duration::from_secs(5), client.request(req))
         .await

@@ -7,6 +7,13 @@
 //!   (rate, time left to drain; retention headroom when configured);
 //! - `GET /dlq[?limit=N&after=ID]`, `GET /dlq/{id}`: dead letters, on every
 //!   backend (through the queue contract);
+//! - `POST /dlq/replay` (JSON `{"ids": [...]}` or `{"all": true}`, `rate`
+//!   per second (100), `max_replays` (3)): puts dead letters back in the
+//!   background, one replay at a time, waiting while the breaker is open;
+//!   202 with its status, 409 `replay_running` while another runs;
+//!   `GET /dlq/replay` follows it (`replay.rs`);
+//! - `POST /dlq/purge` (JSON `{"ids": [...]}` or `{"all": true}`): deletes
+//!   dead letters, answers how many;
 //! - `GET /breaker`: where the breaker runs and, in a process that runs it,
 //!   its state, reason, limit, every signal with its value and threshold,
 //!   recent transitions, parked hot keys;
@@ -32,18 +39,20 @@
 
 pub mod client;
 mod guard;
+mod replay;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use breakwater_admin_api::{
-    BreakerLocation, BreakerView, DlqList, ErrorBody, QueueView, ResetQuery, TransitionAnswer,
-    TripQuery,
+    BreakerLocation, BreakerView, DlqList, ErrorBody, PurgeAnswer, PurgeRequest, QueueView,
+    ReplayRequest, ResetQuery, TransitionAnswer, TripQuery,
 };
 use http::{StatusCode, header};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -66,6 +75,8 @@ pub struct Admin {
     /// What the queue's own settings could do to the workers' messages,
     /// found at start (`GET /breaker` shows them).
     pub queue_warnings: Vec<String>,
+    /// The DLQ replay running now, or the last one.
+    pub replays: replay::Replays,
 }
 
 /// Most dead letters one `GET /dlq` returns.
@@ -80,6 +91,8 @@ impl Admin {
             .route("/queue/stats", get(queue_stats))
             .route("/queue", get(queue_view))
             .route("/dlq", get(dlq_list))
+            .route("/dlq/replay", get(dlq_replay_status).post(dlq_replay_start))
+            .route("/dlq/purge", post(dlq_purge))
             .route("/dlq/{id}", get(dlq_show))
             .route("/breaker", get(breaker_status))
             .route("/breaker/trip", post(breaker_trip))
@@ -201,6 +214,72 @@ async fn dlq_list(State(admin): State<Arc<Admin>>, Query(q): Query<DlqQuery>) ->
                 .then(|| items.last().map(|d| d.id.clone()))
                 .flatten();
             Json(DlqList { items, next_after }).into_response()
+        }
+        Err(e) => queue_error(&e),
+    }
+}
+
+/// `POST /dlq/replay`.
+async fn dlq_replay_start(
+    State(admin): State<Arc<Admin>>,
+    body: Result<Json<ReplayRequest>, JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    if let Err(why) = replay::check(&request) {
+        return error(StatusCode::BAD_REQUEST, "bad_request", why);
+    }
+    match admin
+        .replays
+        .start(Arc::clone(&admin.queue), admin.controller.clone(), request)
+    {
+        Ok(status) => (StatusCode::ACCEPTED, Json(status)).into_response(),
+        Err(running) => error(
+            StatusCode::CONFLICT,
+            "replay_running",
+            format!(
+                "a replay is running ({} put back so far): follow it at GET /dlq/replay",
+                running.replayed
+            ),
+        ),
+    }
+}
+
+/// `GET /dlq/replay`.
+async fn dlq_replay_status(State(admin): State<Arc<Admin>>) -> Response {
+    match admin.replays.status() {
+        Some(status) => Json(status).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no replay has run since the process started",
+        ),
+    }
+}
+
+/// `POST /dlq/purge`.
+async fn dlq_purge(
+    State(admin): State<Arc<Admin>>,
+    body: Result<Json<PurgeRequest>, JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(Json(r)) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    if request.all != request.ids.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "name the dead letters in `ids`, or set `all` (not both)",
+        );
+    }
+    let ids = if request.all { &[][..] } else { &request.ids };
+    match admin.queue.dlq_purge(ids).await {
+        Ok(purged) => {
+            tracing::info!(purged, "DLQ purged through the admin API");
+            Json(PurgeAnswer { purged }).into_response()
         }
         Err(e) => queue_error(&e),
     }
