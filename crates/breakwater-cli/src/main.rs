@@ -775,13 +775,7 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
             )
             .await?;
             eprintln!();
-            if done.skipped > 0 {
-                eprintln!(
-                    "skipped {} (not in the DLQ, or replayed {max_replays} times already)",
-                    done.skipped
-                );
-            }
-            outln!("replayed {} message(s)", done.replayed);
+            print_replay_done(done.replayed, done.skipped, max_replays)?;
         }
         DlqCommand::Purge { ids, all } => {
             anyhow::ensure!(all || !ids.is_empty(), "name message ids, or pass --all");
@@ -789,6 +783,14 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
             outln!("purged {n} message(s)");
         }
     }
+    Ok(())
+}
+
+fn print_replay_done(replayed: usize, skipped: usize, max_replays: u32) -> anyhow::Result<()> {
+    if skipped > 0 {
+        eprintln!("skipped {skipped} (not in the DLQ, or replayed {max_replays} times already)");
+    }
+    outln!("replayed {replayed} message(s)");
     Ok(())
 }
 
@@ -872,13 +874,7 @@ async fn dlq_through_api(config: &Config, command: &DlqCommand) -> anyhow::Resul
             if let Some(e) = &status.error {
                 anyhow::bail!("the replay stopped after {}: {e}", status.replayed);
             }
-            if status.skipped > 0 {
-                eprintln!(
-                    "skipped {} (not in the DLQ, or replayed {max_replays} times already)",
-                    status.skipped
-                );
-            }
-            outln!("replayed {} message(s)", status.replayed);
+            print_replay_done(status.replayed, status.skipped, *max_replays)?;
         }
         DlqCommand::Purge { ids, all } => {
             let request = PurgeRequest {

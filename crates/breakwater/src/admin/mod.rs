@@ -219,14 +219,25 @@ async fn dlq_list(State(admin): State<Arc<Admin>>, Query(q): Query<DlqQuery>) ->
     }
 }
 
+/// A request's JSON body, or the 400 `bad_request` saying what is wrong
+/// with it.
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, (StatusCode, Json<ErrorBody>)> {
+    body.map(|Json(t)| t).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(ErrorBody::new("bad_request", e.body_text())),
+        )
+    })
+}
+
 /// `POST /dlq/replay`.
 async fn dlq_replay_start(
     State(admin): State<Arc<Admin>>,
     body: Result<Json<ReplayRequest>, JsonRejection>,
 ) -> Response {
-    let request = match body {
-        Ok(Json(r)) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    let request = match json_body(body) {
+        Ok(r) => r,
+        Err(refused) => return refused.into_response(),
     };
     if let Err(why) = replay::check(&request) {
         return error(StatusCode::BAD_REQUEST, "bad_request", why);
@@ -264,9 +275,9 @@ async fn dlq_purge(
     State(admin): State<Arc<Admin>>,
     body: Result<Json<PurgeRequest>, JsonRejection>,
 ) -> Response {
-    let request = match body {
-        Ok(Json(r)) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    let request = match json_body(body) {
+        Ok(r) => r,
+        Err(refused) => return refused.into_response(),
     };
     if request.all != request.ids.is_empty() {
         return error(
