@@ -220,6 +220,7 @@ pub struct ReplayStatus {
     pub skipped: usize,
     /// Held while the breaker is open.
     pub waiting_for_breaker: bool,
+    /// Milliseconds since it started.
     pub started_ago_ms: u64,
     /// Why it stopped early, if it did.
     pub error: Option<String>,

@@ -279,12 +279,8 @@ async fn dlq_purge(
         Ok(r) => r,
         Err(refused) => return refused.into_response(),
     };
-    if request.all != request.ids.is_empty() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "name the dead letters in `ids`, or set `all` (not both)",
-        );
+    if let Err(why) = replay::names_or_all(&request.ids, request.all) {
+        return error(StatusCode::BAD_REQUEST, "bad_request", why);
     }
     let ids = if request.all { &[][..] } else { &request.ids };
     match admin.queue.dlq_purge(ids).await {

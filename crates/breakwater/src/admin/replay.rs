@@ -41,11 +41,19 @@ impl Job {
     }
 }
 
+/// A replay or purge names dead letters (`ids`) or takes them `all`,
+/// not both, not neither.
+pub(super) fn names_or_all(ids: &[String], all: bool) -> Result<(), String> {
+    if all == ids.is_empty() {
+        Ok(())
+    } else {
+        Err("name the dead letters in `ids`, or set `all` (not both)".to_owned())
+    }
+}
+
 /// Why a replay request is refused before it starts (a 400).
 pub(super) fn check(request: &ReplayRequest) -> Result<(), String> {
-    if request.all != request.ids.is_empty() {
-        return Err("name the dead letters in `ids`, or set `all` (not both)".to_owned());
-    }
+    names_or_all(&request.ids, request.all)?;
     if !(request.rate.is_finite() && (1.0 / 3600.0..=1e6).contains(&request.rate)) {
         return Err(format!(
             "rate {} is not between 0.0003 (one an hour) and 1000000 messages per second",
