@@ -480,3 +480,61 @@ async fn the_admin_api_refuses_what_a_browser_could_be_made_to_send() {
     let ok = http.post(&trip, &[], Vec::new()).await;
     assert_eq!(ok.status, StatusCode::OK, "{:?}", ok.body);
 }
+
+/// The dashboard at the admin listener's `/`: one page embedded in the
+/// binary, served without the token (it holds no data; its calls carry the
+/// token the operator types in), never framed, calling every endpoint it
+/// shows; the API behind it still wants the token.
+#[tokio::test]
+async fn the_dashboard_is_served_and_its_api_still_needs_the_token() {
+    let sandbox = Sandbox::new("");
+    let token = "dashboard-test-token";
+    let server = Server::start_with_env(
+        &sandbox.config_path(),
+        "all",
+        &[("BREAKWATER_ADMIN_TOKEN", token)],
+    );
+    let http = Http::default();
+    let page = http.get(&server.admin_url("/")).await;
+    assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
+    let header = |name: http::header::HeaderName| {
+        page.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(header(http::header::CONTENT_TYPE).starts_with("text/html"));
+    assert_eq!(header(http::header::X_FRAME_OPTIONS), "DENY");
+    assert!(header(http::header::CONTENT_SECURITY_POLICY).contains("frame-ancestors 'none'"));
+    let html = String::from_utf8_lossy(&page.body);
+    for call in [
+        "\"/breaker\"",
+        "\"/queue\"",
+        "\"/dlq?limit=50\"",
+        "\"/metrics\"",
+        "\"/dlq/replay\"",
+        "\"/dlq/purge\"",
+        "\"/breaker/trip",
+        "\"/breaker/reset\"",
+    ] {
+        assert!(html.contains(call), "the page calls {call}");
+    }
+    let refused = http.get(&server.admin_url("/breaker")).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    // As the page calls it: the bearer token, its own origin.
+    let bearer = http::HeaderValue::from_str(&format!("Bearer {token}")).expect("header");
+    let origin = http::HeaderValue::from_str(&format!("http://{}", server.admin)).expect("header");
+    let trip = http
+        .post(
+            &server.admin_url("/breaker/trip"),
+            &[
+                (http::header::AUTHORIZATION, bearer.clone()),
+                (http::header::ORIGIN, origin),
+            ],
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(trip.status, StatusCode::OK, "{:?}", trip.body);
+    assert_eq!(trip.json()["state"], "open");
+}

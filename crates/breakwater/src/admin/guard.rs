@@ -3,7 +3,8 @@
 //! token set (the loopback default) nothing else stops them.
 //!
 //! - **Cross-site writes**: a state-changing request (anything but GET and
-//!   HEAD) is refused when it carries a foreign `Origin`, a
+//!   HEAD) is refused when it carries a foreign `Origin` (neither loopback
+//!   nor this listener's own `Host`: the dashboard's calls are same-origin), a
 //!   `Sec-Fetch-Site: cross-site`, or a content type an HTML form can send
 //!   without a CORS preflight (`application/x-www-form-urlencoded`,
 //!   `multipart/form-data`, `text/plain`). The CLI sends none of these.
@@ -32,7 +33,10 @@ pub(crate) fn refuse(
         let authority = origin
             .strip_prefix("http://")
             .or_else(|| origin.strip_prefix("https://"));
-        if !authority.is_some_and(is_loopback_authority) {
+        let same_origin = authority
+            .zip(text(header::HOST))
+            .is_some_and(|(a, host)| a.eq_ignore_ascii_case(host));
+        if !same_origin && !authority.is_some_and(is_loopback_authority) {
             return Some("a cross-site request (foreign Origin)");
         }
     }
@@ -109,6 +113,18 @@ mod tests {
             ("origin", "http://localhost:9090"),
         ]);
         assert_eq!(refuse(&Method::POST, &same, false), None);
+        // The dashboard on a listener beyond loopback (token set) calls
+        // its own origin.
+        let own = headers(&[
+            ("host", "10.0.0.5:9090"),
+            ("origin", "http://10.0.0.5:9090"),
+        ]);
+        assert_eq!(refuse(&Method::POST, &own, true), None);
+        let other = headers(&[
+            ("host", "10.0.0.5:9090"),
+            ("origin", "http://10.0.0.6:9090"),
+        ]);
+        assert!(refuse(&Method::POST, &other, true).is_some());
     }
 
     #[test]

@@ -20,7 +20,14 @@
 //! - `POST /breaker/trip?ttl_secs=N&note=TEXT`: force open (manual trip);
 //! - `POST /breaker/reset[?force_closed=true&ttl_secs=N]`: end the manual
 //!   override (or force closed);
-//! - `GET /healthz`.
+//! - `GET /healthz`;
+//! - `GET /`: the live dashboard (`dashboard.html`, embedded in the binary;
+//!   no build step): the breaker's state and transitions with their
+//!   reasons, the limit, lock waiters and parked keys, the queue and its
+//!   drain, applies per second by outcome (from `/metrics`), the DLQ with
+//!   replay and purge, trip and reset; polled every second. The page holds
+//!   no data, so it is served without the token; its calls carry the token
+//!   the operator types in when the API answers 401. It may not be framed.
 //!
 //! An ingress-only process runs no breaker (its ingress never consults
 //! one): outside a fleet its `/breaker` says the breaker runs with the
@@ -102,8 +109,30 @@ impl Admin {
                 Arc::clone(&state),
                 authorize,
             ))
+            // After the layer: the page itself needs no token.
+            .route("/", get(dashboard))
             .with_state(state)
     }
+}
+
+/// The dashboard's page.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// `GET /`: the dashboard, never inside another site's frame.
+async fn dashboard() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; frame-ancestors 'none'; form-action 'none'",
+            ),
+        ],
+        DASHBOARD,
+    )
+        .into_response()
 }
 
 fn error(status: StatusCode, code: &str, detail: impl Into<String>) -> Response {
