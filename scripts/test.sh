@@ -118,12 +118,22 @@ ensure_kafka() {
   port_open 9092 || { say "tansu did not start"; return 1; }
 }
 
+# Chromium and its WebDriver (the dashboard's browser test).
+ensure_chromium() {
+  if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    say "installing chromium and chromium-driver (the dashboard's browser test)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  fi
+  export BREAKWATER_CHROMEDRIVER="${BREAKWATER_CHROMEDRIVER:-$(command -v chromedriver)}"
+}
+
 ensure_postgres
 ensure_nats
 ensure_redis
 ensure_rabbitmq
 ensure_sqs
 ensure_kafka
+ensure_chromium
 export BREAKWATER_TEST_KAFKA_URL="${BREAKWATER_TEST_KAFKA_URL:-127.0.0.1:9092}"
 export BREAKWATER_TEST_SQS_URL="${BREAKWATER_TEST_SQS_URL:-http://127.0.0.1:4566}"
 

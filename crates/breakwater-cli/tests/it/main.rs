@@ -6,6 +6,7 @@
 
 mod cli;
 mod crash;
+mod dashboard;
 mod doctor;
 mod fleet;
 mod forward;

@@ -1,0 +1,196 @@
+//! The admin dashboard in a real headless Chromium, driven over WebDriver
+//! (`chromedriver`, Debian's `chromium-driver`, installed by
+//! `scripts/test.sh`): the page shows the breaker's state as it changes,
+//! its Trip and Reset buttons move it, and a dead letter is replayed from
+//! its row and delivered.
+//!
+//! With `BREAKWATER_DASHBOARD_SCREENSHOT=<file>` the test also saves a
+//! screenshot of the page with the breaker open and a dead letter listed
+//! (`docs/dashboard.png` was made so).
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use http::StatusCode;
+
+use crate::receiver::{Receiver, Reply};
+use crate::utils::*;
+
+/// A chromedriver of the test's own, on a port of its own.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_driver() -> Driver {
+    let binary = std::env::var("BREAKWATER_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(&binary)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start {binary} ({e}): the dashboard test needs Chromium's WebDriver \
+                 (Debian: chromium chromium-driver; scripts/test.sh installs them)"
+            )
+        });
+    let driver = Driver { child, port };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    driver
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,1000"]
+        }),
+    );
+    // Plain HTTP to the local chromedriver: no TLS stack (and no
+    // process-wide rustls provider to pick).
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a Chromium session")
+}
+
+/// Waits until the element `id` shows `want` (in any case).
+async fn wait_text(page: &Client, id: &str, want: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let shown = match page.find(Locator::Id(id)).await {
+            Ok(e) => e.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        // As rendered: the state badge is upper-cased by its style.
+        if shown.trim().eq_ignore_ascii_case(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "#{id} shows {shown:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn click(page: &Client, css: &str) {
+    page.find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
+    // The first request is refused (400: dead-lettered), the rest taken.
+    let receiver = Receiver::start(Arc::new(|n, _| {
+        let status = if n == 0 {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::OK
+        };
+        Reply::Status(status, Vec::new())
+    }))
+    .await;
+    let sandbox = Sandbox::new(&format!(
+        "forward = {{ url = \"{}\" }}\n",
+        receiver.url("/hooks/stripe")
+    ));
+    let server = sandbox.start();
+    let http = Http::default();
+    let driver = start_driver();
+    let page = browser(&driver).await;
+    page.goto(&server.admin_url("/"))
+        .await
+        .expect("open the page");
+    wait_text(&page, "state", "closed").await;
+
+    // A dead letter appears in the table, with its Replay button.
+    let sent = post_stripe(&http, &server, stripe_event("evt_dashboard", "7")).await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{:?}", sent.body);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while page
+        .find(Locator::Css("button[data-replay]"))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the dead letter never showed on the page"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Trip from the page: the API and the page say open.
+    click(&page, "#trip").await;
+    wait_text(&page, "state", "open").await;
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "open", "{view}");
+    let history = page
+        .find(Locator::Id("history"))
+        .await
+        .expect("history")
+        .text()
+        .await
+        .expect("text");
+    assert!(history.contains("closed → open"), "{history}");
+    if let Ok(path) = std::env::var("BREAKWATER_DASHBOARD_SCREENSHOT") {
+        let png = page.screenshot().await.expect("screenshot");
+        std::fs::write(&path, png).expect("write the screenshot");
+    }
+
+    // Reset from the page: closed again.
+    click(&page, "#reset").await;
+    wait_text(&page, "state", "closed").await;
+
+    // Replay the dead letter from its row: delivered, the table empties.
+    click(&page, "button[data-replay]").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while receiver.received().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the replayed webhook never reached the receiver"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let table = page
+            .find(Locator::Id("dlq"))
+            .await
+            .expect("dlq table")
+            .text()
+            .await
+            .expect("text");
+        if table.contains("the dead-letter queue is empty") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the DLQ table shows {table:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    page.close().await.expect("close the browser");
+}
