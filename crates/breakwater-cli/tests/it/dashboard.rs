@@ -1,8 +1,8 @@
 //! The admin dashboard in a real headless Chromium, driven over WebDriver
 //! (`chromedriver`, Debian's `chromium-driver`, installed by
-//! `scripts/test.sh`): the page shows the breaker's state as it changes,
-//! its Trip and Reset buttons move it, and a dead letter is replayed from
-//! its row and delivered.
+//! `scripts/test.sh`): the page follows the breaker when it is tripped
+//! from outside, its Trip and Reset buttons move it, and a dead letter is
+//! replayed from its row and delivered.
 //!
 //! With `BREAKWATER_DASHBOARD_SCREENSHOT=<file>` the test also saves a
 //! screenshot of the page with the breaker open and a dead letter listed
@@ -144,6 +144,17 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // Tripped from outside (the API): the page follows.
+    let tripped = http
+        .post(&server.admin_url("/breaker/trip"), &[], Vec::new())
+        .await;
+    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    wait_text(&page, "state", "open").await;
+    click(&page, "#reset").await;
+    wait_text(&page, "state", "closed").await;
+    let view = http.get(&server.admin_url("/breaker")).await.json();
+    assert_eq!(view["breaker"]["state"], "closed", "{view}");
 
     // Trip from the page: the API and the page say open.
     click(&page, "#trip").await;
