@@ -75,14 +75,19 @@ async fn browser(driver: &Driver) -> Client {
         .expect("a Chromium session")
 }
 
+/// The text the element `id` shows now (empty when it is not there).
+async fn text_of(page: &Client, id: &str) -> String {
+    match page.find(Locator::Id(id)).await {
+        Ok(e) => e.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
 /// Waits until the element `id` shows `want` (in any case).
 async fn wait_text(page: &Client, id: &str, want: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let shown = match page.find(Locator::Id(id)).await {
-            Ok(e) => e.text().await.unwrap_or_default(),
-            Err(_) => String::new(),
-        };
+        let shown = text_of(page, id).await;
         // As rendered: the state badge is upper-cased by its style.
         if shown.trim().eq_ignore_ascii_case(want) {
             return;
@@ -161,13 +166,7 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
     wait_text(&page, "state", "open").await;
     let view = http.get(&server.admin_url("/breaker")).await.json();
     assert_eq!(view["breaker"]["state"], "open", "{view}");
-    let history = page
-        .find(Locator::Id("history"))
-        .await
-        .expect("history")
-        .text()
-        .await
-        .expect("text");
+    let history = text_of(&page, "history").await;
     assert!(history.contains("closed → open"), "{history}");
     if let Ok(path) = std::env::var("BREAKWATER_DASHBOARD_SCREENSHOT") {
         let png = page.screenshot().await.expect("screenshot");
@@ -190,13 +189,7 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let table = page
-            .find(Locator::Id("dlq"))
-            .await
-            .expect("dlq table")
-            .text()
-            .await
-            .expect("text");
+        let table = text_of(&page, "dlq").await;
         if table.contains("the dead-letter queue is empty") {
             break;
         }
