@@ -118,7 +118,7 @@ impl Dependency {
                 .await
                 .map(|r| (r.get::<_, i64>(0) as u64, r.get::<_, i64>(1) as u64))
                 .unwrap_or((0, 0)),
-            Self::Service { service, .. } => (0, service.requests().1),
+            Self::Service { service, .. } => (0, service.held()),
         }
     }
 

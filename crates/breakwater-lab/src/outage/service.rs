@@ -63,8 +63,6 @@ struct State {
     behaviour: watch::Sender<Behaviour>,
     workers: Semaphore,
     delivered: Mutex<HashMap<String, Delivery>>,
-    /// Webhook requests received (every attempt, duplicates included).
-    requests: AtomicU64,
     /// Webhook requests received and not answered yet.
     in_flight: AtomicU64,
 }
@@ -105,7 +103,6 @@ impl LabService {
             behaviour: watch::Sender::new(Behaviour::Healthy),
             workers: Semaphore::new(WORKERS),
             delivered: Mutex::new(HashMap::new()),
-            requests: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
         });
         let shared = Arc::clone(&state);
@@ -139,12 +136,9 @@ impl LabService {
         (hot, delivered.len() as u64 - hot)
     }
 
-    /// Webhook requests received so far, and those not answered yet.
-    pub fn requests(&self) -> (u64, u64) {
-        (
-            self.state.requests.load(Ordering::Relaxed),
-            self.state.in_flight.load(Ordering::Relaxed),
-        )
+    /// Webhook requests received and not answered yet.
+    pub fn held(&self) -> u64 {
+        self.state.in_flight.load(Ordering::Relaxed)
     }
 
     /// The lags of the events not for the hot order sent in
@@ -192,7 +186,6 @@ async fn answer(
         tokio::time::sleep(WORK).await;
         return reply(StatusCode::OK);
     }
-    state.requests.fetch_add(1, Ordering::Relaxed);
     state.in_flight.fetch_add(1, Ordering::Relaxed);
     let _counted = InFlight(&state.in_flight);
     let body = req.into_body().collect().await?.to_bytes();

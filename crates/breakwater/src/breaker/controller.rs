@@ -519,16 +519,24 @@ impl Controller {
         kinds.len() >= 5 && connection * 5 >= kinds.len() * 4
     }
 
+    /// Open because the dependency could not be reached, with this
+    /// streak's one early half-open not used yet: only then can a
+    /// reachability check end the cool-down.
+    fn may_end_cool_down_early(&self) -> bool {
+        self.gate().state == State::Open
+            && self.unreachable_cause()
+            && !self
+                .early_half_open_used
+                .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The dependency answered a reachability check (the sampler's own
     /// database session, or a connect to the forward targets): if the
     /// breaker is open because the dependency could not be reached, its
     /// cool-down ends now (half-open, probes confirm it).
     fn dependency_answered(&self) {
         use std::sync::atomic::Ordering;
-        if self.gate().state != State::Open
-            || !self.unreachable_cause()
-            || self.early_half_open_used.load(Ordering::Acquire)
-        {
+        if !self.may_end_cool_down_early() {
             return;
         }
         let t = self.breaker().dependency_answers(Instant::now());
@@ -1155,11 +1163,8 @@ impl Controller {
             self.dependency_answered();
         }
         // A sink with a check of its own (forward targets: a connect) is
-        // asked only while connection failures hold the breaker open.
-        if self.gate().state == State::Open
-            && self.unreachable_cause()
-            && sink.reachable().await == Some(true)
-        {
+        // asked only while its answer could end the cool-down.
+        if self.may_end_cool_down_early() && sink.reachable().await == Some(true) {
             self.dependency_answered();
         }
     }
