@@ -1,6 +1,6 @@
 //! The admin API's requests and answers, typed once and shared by the
 //! admin server (`breakwater serve`), the CLI (`breakwater breaker ...`) and
-//! the dashboard to come, so none of them reads JSON by string keys.
+//! the dashboard, so none of them reads JSON by string keys.
 //!
 //! | route | request | answer |
 //! |---|---|---|
@@ -8,12 +8,17 @@
 //! | `POST /breaker/trip` | [`TripQuery`] | [`TransitionAnswer`] |
 //! | `POST /breaker/reset` | [`ResetQuery`] | [`TransitionAnswer`] |
 //! | `GET /queue/stats` | | [`QueueStats`] |
-//! | `GET /dlq` | [`DlqPage`] | [`DlqList`] |
+//! | `GET /queue` | | [`QueueView`] |
+//! | `GET /dlq` | [`DlqPage`] and [`DlqFilter`] | [`DlqList`] |
 //! | `GET /dlq/{id}` | | [`DeadLetter`] |
+//! | `POST /dlq/replay` | [`ReplayRequest`] | [`ReplayStatus`] |
+//! | `GET /dlq/replay` | | [`ReplayStatus`] |
+//! | `POST /dlq/purge` | [`PurgeRequest`] | [`PurgeAnswer`] |
+//! | `GET /events/{source}/{event_id}` | | [`EventStory`] |
 //! | any, on failure | | [`ErrorBody`] with a 4xx or 5xx status |
 
 pub use breakwater_control::{BreakerStatus, State};
-pub use breakwater_queue::{DeadLetter, DlqPage, QueueStats};
+pub use breakwater_queue::{DeadLetter, DlqFilter, DlqPage, QueueStats};
 use serde::{Deserialize, Serialize};
 
 /// `GET /breaker`: the breaker this process runs, or where it lives.
@@ -174,6 +179,108 @@ pub struct DlqList {
     pub items: Vec<DeadLetter>,
     /// Pass as `after` for the next page; `None` on the last one.
     pub next_after: Option<String>,
+    /// With a filter: dead letters read to find these (a filtered page
+    /// reads at most a bounded number, then answers with `next_after`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scanned: Option<usize>,
+}
+
+/// `GET /events/{source}/{event_id}`: one webhook's story, from what the
+/// sink's inbox, the DLQ and this node's attempt history know of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventStory {
+    pub source: String,
+    pub event_id: String,
+    pub state: EventState,
+    /// The state in words, with where to look next when it is unknown.
+    pub detail: String,
+    /// Where the source's events are applied: the database (its URL
+    /// without a password) or the forward target; `None` on a node that
+    /// runs no workers.
+    pub destination: Option<String>,
+    /// Its inbox row, when the sink applied it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedRecord>,
+    /// Its dead letter (without the body: `GET /dlq/{id}` has it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+    /// Every attempt this node made, oldest first (the latest
+    /// [`EventStory::attempts_dropped`] past the cap are kept).
+    pub attempts: Vec<AttemptRecord>,
+    /// Older attempts no longer kept.
+    #[serde(default)]
+    pub attempts_dropped: u32,
+    /// The node whose history `attempts` come from, and how far back it
+    /// reaches.
+    pub history: HistoryScope,
+    /// Lookups that failed (the database did not answer, the DLQ could
+    /// not be read): the story may be short of what they hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lookup_errors: Vec<String>,
+}
+
+/// Where an event stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventState {
+    /// Its effect is in the database (its inbox row), or a forward target
+    /// answered 2xx.
+    Applied,
+    /// In the DLQ.
+    DeadLettered,
+    /// Tried and not settled: waiting for its retry, or handed back.
+    Pending,
+    /// Neither applied, dead-lettered, nor tried on this node lately.
+    Unknown,
+}
+
+/// An event's inbox row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedRecord {
+    /// Milliseconds since the Unix epoch.
+    pub received_at_ms: i64,
+    pub applied_at_ms: Option<i64>,
+    pub entity_key: Option<String>,
+}
+
+/// One attempt at an event, as the worker settled it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// When it was settled, milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    /// The attempt's number (1 the first time; a release does not count
+    /// one, so two records can share it).
+    pub attempt: u32,
+    /// `applied`, `duplicate`, `retried`, `released` or `dead_lettered`.
+    pub outcome: String,
+    /// `dependency` or `permanent`, for a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// The failure's short name (`lock_timeout`, `constraint`, `http_503`
+    /// ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Why a message went back untried (a parked key, the breaker opened).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// How long the apply took.
+    pub apply_ms: u64,
+    /// A half-open probe.
+    #[serde(default)]
+    pub probe: bool,
+}
+
+/// Whose attempt history an [`EventStory`] holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryScope {
+    /// The node (`[fleet] node_id`, else the host name).
+    pub node: String,
+    /// Events it remembers now, and at most (`admin.event_history`; 0 off,
+    /// or a node that runs no workers).
+    pub events: usize,
+    pub capacity: usize,
 }
 
 /// Body of `POST /dlq/replay`: the dead letters to put back (`ids`, or

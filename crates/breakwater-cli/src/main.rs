@@ -6,17 +6,19 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use breakwater::config::Config;
-use breakwater::queue::{DlqPage, OpenMode, QueueStats, replay_at_rate};
+use breakwater::queue::{DlqFilter, DlqPage, OpenMode, QueueStats, dlq_search, replay_at_rate};
 use breakwater::serve::{self, Role};
 use breakwater_admin_api::{BreakerLocation, BreakerView, TransitionAnswer};
 use clap::{Parser, Subcommand};
+
+use admin_target::{AdminArg, AdminTarget, path_segment, urlencode};
 
 /// `print!` that returns an error instead of panicking when stdout is
 /// closed (`breakwater breaker status | head -2`): `main` ends quietly on
 /// it.
 macro_rules! outp {
     ($($arg:tt)*) => {
-        write_stdout(format_args!($($arg)*))?
+        $crate::write_stdout(format_args!($($arg)*))?
     };
 }
 
@@ -26,6 +28,9 @@ macro_rules! outln {
         outp!("{}\n", format_args!($($arg)*))
     };
 }
+
+mod admin_target;
+mod events;
 
 fn write_stdout(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
     use std::io::Write;
@@ -112,12 +117,15 @@ enum Command {
         #[command(flatten)]
         config: ConfigPath,
     },
-    /// Inspect the queue.
+    /// Inspect the queue (through the admin API of a running `serve`, else
+    /// opened here).
     Queue {
         #[command(subcommand)]
         command: QueueCommand,
         #[command(flatten)]
         config: ConfigPath,
+        #[command(flatten)]
+        admin: AdminArg,
     },
     /// Inspect and steer the breaker of a running `serve` (admin API).
     Breaker {
@@ -125,6 +133,19 @@ enum Command {
         command: BreakerCommand,
         #[command(flatten)]
         config: ConfigPath,
+        #[command(flatten)]
+        admin: AdminArg,
+    },
+    /// Follow one webhook: applied (when), dead-lettered (why), or
+    /// pending, and each attempt with its time, class and error (admin
+    /// API).
+    Events {
+        #[command(subcommand)]
+        command: events::EventsCommand,
+        #[command(flatten)]
+        config: ConfigPath,
+        #[command(flatten)]
+        admin: AdminArg,
     },
     /// Inspect the fleet (`[fleet]`): read straight from Redis, so it
     /// answers with every node down.
@@ -134,12 +155,15 @@ enum Command {
         #[command(flatten)]
         config: ConfigPath,
     },
-    /// Inspect, replay or purge dead-lettered messages.
+    /// Inspect, replay or purge dead-lettered messages (through the admin
+    /// API of a running `serve`, else on the queue opened here).
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
         #[command(flatten)]
         config: ConfigPath,
+        #[command(flatten)]
+        admin: AdminArg,
     },
     /// Reproduce a database fault against a real PostgreSQL, naive consumer vs Breakwater.
     Lab(breakwater_lab::outage::LabArgs),
@@ -226,6 +250,18 @@ enum DlqCommand {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Start after this id (the last of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        /// Only this source's.
+        #[arg(long)]
+        source: Option<String>,
+        /// Only this class's: `permanent` or `exhausted`.
+        #[arg(long)]
+        class: Option<String>,
+        /// Only this event id's.
+        #[arg(long)]
+        event_id: Option<String>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -404,12 +440,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Queue {
             command: QueueCommand::Stats { json },
             config,
+            admin,
         } => {
             let config = load_config(config.config.as_deref())?;
-            let stats = runtime()?.block_on(async {
-                let queue = serve::open_queue(&config, OpenMode::Inspect).await?;
-                anyhow::Ok(queue.stats().await?)
-            })?;
+            let stats = runtime()?.block_on(queue_stats(&config, &admin))?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&stats)?);
             } else {
@@ -417,9 +451,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Breaker { command, config } => {
+        Command::Breaker {
+            command,
+            config,
+            admin,
+        } => {
             let config = load_config(config.config.as_deref())?;
-            runtime()?.block_on(breaker_command(&config, command))
+            runtime()?.block_on(async {
+                let target = AdminTarget::resolve(&config, &admin).await?;
+                breaker_command(&target, command).await
+            })
+        }
+        Command::Events {
+            command,
+            config,
+            admin,
+        } => {
+            let config = load_config(config.config.as_deref())?;
+            runtime()?.block_on(async {
+                let target = AdminTarget::resolve(&config, &admin).await?;
+                events::run(&target, command).await
+            })
         }
         Command::Fleet {
             command: FleetCommand::Status { json },
@@ -428,9 +480,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load_config(config.config.as_deref())?;
             runtime()?.block_on(fleet_status(&config, json))
         }
-        Command::Dlq { command, config } => {
+        Command::Dlq {
+            command,
+            config,
+            admin,
+        } => {
             let config = load_config(config.config.as_deref())?;
-            runtime()?.block_on(dlq_command(&config, command))
+            runtime()?.block_on(async {
+                let target = AdminTarget::resolve(&config, &admin).await?;
+                dlq_command(&config, &target, command).await
+            })
         }
         Command::Bench {
             command: BenchCommand::Ingress(args),
@@ -501,13 +560,10 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
         .map_err(|_| format!("\"{text}\" is not a duration Breakwater can wait"))
 }
 
-async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Result<()> {
-    use breakwater::admin::client::call;
-    let addr = config.admin.listen;
-    let token = config.admin.token.as_deref();
+async fn breaker_command(admin: &AdminTarget, command: BreakerCommand) -> anyhow::Result<()> {
     match command {
         BreakerCommand::Status { json } => {
-            let view: BreakerView = call(addr, token, http::Method::GET, "/breaker").await?;
+            let view: BreakerView = admin.call(http::Method::GET, "/breaker").await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&view)?);
             } else {
@@ -519,7 +575,7 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
             if let Some(ttl) = ttl {
                 q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
             }
-            let answer: TransitionAnswer = call(addr, token, http::Method::POST, &q).await?;
+            let answer: TransitionAnswer = admin.call(http::Method::POST, &q).await?;
             outln!("{}", answer.transition.as_deref().unwrap_or("tripped"));
         }
         BreakerCommand::Reset { force_closed, ttl } => {
@@ -527,7 +583,7 @@ async fn breaker_command(config: &Config, command: BreakerCommand) -> anyhow::Re
             if let Some(ttl) = ttl {
                 q.push_str(&format!("&ttl_secs={}", ttl.as_secs().max(1)));
             }
-            let answer: TransitionAnswer = call(addr, token, http::Method::POST, &q).await?;
+            let answer: TransitionAnswer = admin.call(http::Method::POST, &q).await?;
             match answer.transition {
                 Some(t) => outln!("{t}"),
                 None => outln!("no manual override in force; state {}", answer.state),
@@ -606,15 +662,20 @@ async fn fleet_status(config: &Config, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// `queue stats`: through the admin API of the service running on this
+/// config (or `--admin`), else from the queue opened here.
+async fn queue_stats(config: &Config, admin: &AdminArg) -> anyhow::Result<QueueStats> {
+    let admin = AdminTarget::resolve(config, admin).await?;
+    match admin
+        .call(http::Method::GET, "/queue/stats")
+        .await
+        .map_err(anyhow::Error::from)
+    {
+        Err(e) if admin.may_fall_back(&e) => {}
+        done => return done,
+    }
+    let queue = serve::open_queue(config, OpenMode::Inspect).await?;
+    Ok(queue.stats().await?)
 }
 
 fn print_queue_stats(backend: &str, stats: &QueueStats) -> anyhow::Result<()> {
@@ -729,24 +790,43 @@ fn format_ago(ms: u64) -> String {
 /// `dlq ...`: through the admin API of the service that runs on this
 /// config (any backend; the replay then runs in the service, waiting while
 /// its breaker is open), or, when none answers, on the queue opened here.
-async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()> {
-    use breakwater::admin::client::AdminClientError;
-    match dlq_through_api(config, &command).await {
-        Err(e)
-            if e.downcast_ref::<AdminClientError>()
-                .is_some_and(|e| matches!(e, AdminClientError::Unreachable { .. })) =>
-        {
+async fn dlq_command(
+    config: &Config,
+    admin: &AdminTarget,
+    command: DlqCommand,
+) -> anyhow::Result<()> {
+    match dlq_through_api(admin, &command).await {
+        Err(e) if admin.may_fall_back(&e) => {
             eprintln!(
                 "no service answers at {}: opening the queue directly",
-                config.admin.listen
+                admin.addr
             );
         }
         done => return done,
     }
     let queue = serve::open_queue(config, OpenMode::Inspect).await?;
     match command {
-        DlqCommand::List { limit, json } => {
-            print_dead_letters(&queue.dlq_list(&DlqPage::first(limit)).await?, json)?;
+        DlqCommand::List {
+            limit,
+            after,
+            source,
+            class,
+            event_id,
+            json,
+        } => {
+            let filter = DlqFilter {
+                source,
+                class,
+                event_id,
+            };
+            let found = dlq_search(
+                queue.as_ref(),
+                &filter,
+                &DlqPage { limit, after },
+                usize::MAX,
+            )
+            .await?;
+            print_dead_letters(&found.items, json)?;
         }
         DlqCommand::Show { id } => {
             let d = queue.dlq_show(&id).await?;
@@ -770,7 +850,7 @@ async fn dlq_command(config: &Config, command: DlqCommand) -> anyhow::Result<()>
                 if all { &[] } else { &ids },
                 rate,
                 max_replays,
-                || wait_while_breaker_open(config),
+                || wait_while_breaker_open(admin),
                 |p| eprint!("\rreplayed {}", p.replayed),
             )
             .await?;
@@ -825,25 +905,39 @@ fn print_dead_letters(list: &[breakwater::queue::DeadLetter], json: bool) -> any
 
 /// `dlq ...` through the admin API; an `AdminClientError::Unreachable`
 /// when no service answers.
-async fn dlq_through_api(config: &Config, command: &DlqCommand) -> anyhow::Result<()> {
-    use breakwater::admin::client::{call, call_with};
+async fn dlq_through_api(admin: &AdminTarget, command: &DlqCommand) -> anyhow::Result<()> {
     use breakwater_admin_api::{DlqList, PurgeAnswer, PurgeRequest, ReplayRequest, ReplayStatus};
     use http::Method;
-    let (addr, token) = (config.admin.listen, config.admin.token.as_deref());
     match command {
-        DlqCommand::List { limit, json } => {
-            let list: DlqList =
-                call(addr, token, Method::GET, &format!("/dlq?limit={limit}")).await?;
+        DlqCommand::List {
+            limit,
+            after,
+            source,
+            class,
+            event_id,
+            json,
+        } => {
+            let mut query = format!("/dlq?limit={limit}");
+            for (key, value) in [
+                ("after", after),
+                ("source", source),
+                ("class", class),
+                ("event_id", event_id),
+            ] {
+                if let Some(v) = value {
+                    query.push_str(&format!("&{key}={}", urlencode(v)));
+                }
+            }
+            let list: DlqList = admin.call(Method::GET, &query).await?;
             print_dead_letters(&list.items, *json)?;
+            if let Some(next) = &list.next_after {
+                eprintln!("more: --after {next}");
+            }
         }
         DlqCommand::Show { id } => {
-            let d: breakwater::queue::DeadLetter = call(
-                addr,
-                token,
-                Method::GET,
-                &format!("/dlq/{}", path_segment(id)),
-            )
-            .await?;
+            let d: breakwater::queue::DeadLetter = admin
+                .call(Method::GET, &format!("/dlq/{}", path_segment(id)))
+                .await?;
             outln!("{}", serde_json::to_string_pretty(&d)?);
         }
         DlqCommand::Replay {
@@ -858,12 +952,13 @@ async fn dlq_through_api(config: &Config, command: &DlqCommand) -> anyhow::Resul
                 rate: *rate,
                 max_replays: *max_replays,
             };
-            let mut status: ReplayStatus =
-                call_with(addr, token, Method::POST, "/dlq/replay", Some(&request)).await?;
+            let mut status: ReplayStatus = admin
+                .call_with(Method::POST, "/dlq/replay", &request)
+                .await?;
             let mut said_waiting = false;
             while status.running {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                status = call(addr, token, Method::GET, "/dlq/replay").await?;
+                status = admin.call(Method::GET, "/dlq/replay").await?;
                 if status.waiting_for_breaker && !said_waiting {
                     eprintln!("\nthe breaker is open: the replay waits");
                 }
@@ -881,41 +976,22 @@ async fn dlq_through_api(config: &Config, command: &DlqCommand) -> anyhow::Resul
                 ids: ids.clone(),
                 all: *all,
             };
-            let answer: PurgeAnswer =
-                call_with(addr, token, Method::POST, "/dlq/purge", Some(&request)).await?;
+            let answer: PurgeAnswer = admin
+                .call_with(Method::POST, "/dlq/purge", &request)
+                .await?;
             outln!("purged {} message(s)", answer.purged);
         }
     }
     Ok(())
 }
 
-/// `id` as one path segment (a dead letter's id is the backend's: keep
-/// `/`, `?` and `%` from changing the path).
-fn path_segment(id: &str) -> String {
-    id.bytes()
-        .map(|b| {
-            if b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'%') {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 /// Replay waits while a running service's breaker is open (no point
 /// feeding a database that is being protected). No service, or one that
 /// runs no breaker: no wait.
-async fn wait_while_breaker_open(config: &Config) {
+async fn wait_while_breaker_open(admin: &AdminTarget) {
     let mut said = false;
     loop {
-        let view: Result<BreakerView, _> = breakwater::admin::client::call(
-            config.admin.listen,
-            config.admin.token.as_deref(),
-            http::Method::GET,
-            "/breaker",
-        )
-        .await;
+        let view: Result<BreakerView, _> = admin.call(http::Method::GET, "/breaker").await;
         match view {
             Ok(BreakerView {
                 breaker: Some(b), ..

@@ -37,6 +37,7 @@
 
 mod backend;
 mod dead_letter;
+mod dlq_search;
 pub mod envelope;
 mod error;
 mod flow;
@@ -49,6 +50,7 @@ pub mod conformance;
 
 pub use backend::{Backend, ConfigProblem, OpenMode, QueueSection, own_keys_table};
 pub use dead_letter::{DeadLetter, DeadLetterReason, DlqPage};
+pub use dlq_search::{DlqFilter, DlqSearch, dlq_search};
 pub use error::QueueError;
 pub use flow::Flow;
 pub use message::{

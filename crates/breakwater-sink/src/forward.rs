@@ -160,6 +160,11 @@ impl ForwardTarget {
         })
     }
 
+    /// Where this target's events go, for people: its URL, no password.
+    pub fn destination(&self) -> String {
+        format!("forwarded to {}", crate::redact_url(&self.spec.url))
+    }
+
     /// Whether the target accepts a TCP connection within the connect
     /// timeout and keeps it open for [`REACH_HOLD`] (nothing is sent: no
     /// TLS, no request), a check that adds no load to a service that is

@@ -29,6 +29,7 @@ use async_trait::async_trait;
 
 pub mod codes;
 mod forward;
+mod inbox;
 mod postgres;
 mod routed;
 mod settings;
@@ -37,6 +38,7 @@ mod statement;
 mod target_gate;
 
 pub use forward::{ForwardSpec, ForwardTarget};
+pub use inbox::{InboxLookup, InboxRecord};
 pub use postgres::DatabaseAudit;
 pub use routed::RoutedSink;
 pub use settings::{LockWaitersScope, SinkSettings, redact_url};
@@ -336,6 +338,18 @@ pub trait Sink: Send + Sync + 'static {
     }
     /// Connections in use and the pool's maximum.
     fn pool_usage(&self) -> (usize, usize);
+    /// The inbox row of `source`'s event `event_id`, read on one pooled
+    /// connection (the admin API's event lookup; never on the hot path).
+    async fn inbox_lookup(&self, source: &str, event_id: &str) -> Result<InboxLookup, SinkError> {
+        let _ = (source, event_id);
+        Ok(InboxLookup::NotKept)
+    }
+    /// Where `source`'s events are applied, for people: the database (its
+    /// URL without credentials) or the forward target.
+    fn destination(&self, source: &str) -> String {
+        let _ = source;
+        "the database".to_owned()
+    }
 }
 
 #[cfg(test)]

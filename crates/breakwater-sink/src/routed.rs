@@ -12,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::forward::ForwardTarget;
-use crate::{Applied, Event, LockSnapshot, Sink, SinkError};
+use crate::{Applied, Event, InboxLookup, LockSnapshot, Sink, SinkError};
 
 /// The database sink, and a forward target per forwarding source.
 pub struct RoutedSink {
@@ -78,5 +78,19 @@ impl Sink for RoutedSink {
             .fold(self.database.pool_usage(), |(u, m), (tu, tm)| {
                 (u + tu, m + tm)
             })
+    }
+
+    async fn inbox_lookup(&self, source: &str, event_id: &str) -> Result<InboxLookup, SinkError> {
+        match self.forwards.get(source) {
+            Some(_) => Ok(InboxLookup::NotKept),
+            None => self.database.inbox_lookup(source, event_id).await,
+        }
+    }
+
+    fn destination(&self, source: &str) -> String {
+        match self.forwards.get(source) {
+            Some(target) => target.destination(),
+            None => self.database.destination(source),
+        }
     }
 }

@@ -37,7 +37,9 @@ use tokio::sync::Mutex;
 
 use crate::settings::SinkSettings;
 use crate::statement::{Bound, Compiled, ParamValue, bind};
-use crate::{Applied, Event, FailureClass, Sink, SinkError, SinkSetupError};
+use crate::{
+    Applied, Event, FailureClass, InboxLookup, InboxRecord, Sink, SinkError, SinkSetupError,
+};
 
 const MIGRATION: &str = "\
 CREATE TABLE IF NOT EXISTS breakwater_inbox (
@@ -54,6 +56,13 @@ const INSERT_INBOX: &str = "\
 INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
 VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
 ON CONFLICT (source, event_id) DO NOTHING";
+
+/// One event's inbox row, times as milliseconds since the Unix epoch.
+const SELECT_INBOX: &str = "\
+SELECT CAST(round((julianday(received_at) - 2440587.5) * 86400000.0) AS INTEGER),
+       CAST(round((julianday(applied_at) - 2440587.5) * 86400000.0) AS INTEGER),
+       entity_key
+FROM breakwater_inbox WHERE source = ?1 AND event_id = ?2";
 
 /// Where a `sqlite:` URL points.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +93,8 @@ pub(crate) struct SqliteSink {
     acquire_timeout: Duration,
     statement_timeout: Duration,
     in_use: Arc<AtomicUsize>,
+    /// The database file, for people (`destination`).
+    described: String,
 }
 
 impl SqliteSink {
@@ -113,6 +124,7 @@ impl SqliteSink {
             acquire_timeout: settings.acquire_timeout,
             statement_timeout: settings.statement_timeout,
             in_use: Arc::new(AtomicUsize::new(0)),
+            described: format!("SQLite {}", settings.url.trim()),
         })
     }
 }
@@ -259,6 +271,38 @@ impl Sink for SqliteSink {
 
     fn pool_usage(&self) -> (usize, usize) {
         (self.in_use.load(Ordering::Relaxed), 1)
+    }
+
+    async fn inbox_lookup(&self, source: &str, event_id: &str) -> Result<InboxLookup, SinkError> {
+        let conn = tokio::time::timeout(self.acquire_timeout, self.conn.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                SinkError::dependency(
+                    "pool_timeout",
+                    "timed out waiting for the SQLite connection",
+                )
+            })?;
+        let (source, event_id) = (source.to_owned(), event_id.to_owned());
+        tokio::task::spawn_blocking(move || {
+            let found = conn.query_row(SELECT_INBOX, [&source, &event_id], |row| {
+                Ok(InboxRecord {
+                    received_at_ms: row.get::<_, Option<i64>>(0)?.unwrap_or_default(),
+                    applied_at_ms: row.get(1)?,
+                    entity_key: row.get(2)?,
+                })
+            });
+            match found {
+                Ok(record) => Ok(InboxLookup::Found(record)),
+                Err(rusqlite::Error::QueryReturnedNoRows) => Ok(InboxLookup::Absent),
+                Err(e) => Err(classify(e)),
+            }
+        })
+        .await
+        .map_err(|e| SinkError::dependency("database", format!("lookup task failed: {e}")))?
+    }
+
+    fn destination(&self, _source: &str) -> String {
+        self.described.clone()
     }
 }
 

@@ -13,6 +13,7 @@ pub mod admin;
 pub mod breaker;
 pub mod config;
 pub mod doctor;
+pub mod events;
 pub mod http;
 pub mod ingress;
 pub mod queue;

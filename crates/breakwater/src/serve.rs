@@ -33,6 +33,7 @@ use crate::config::{BackoffJitter, Config, LockWaitersScopeName};
 use crate::ingress::{ApplyStatus, Ingress};
 use crate::queue::{OpenMode, Queue};
 use crate::source;
+use crate::events::journal::EventJournal;
 use crate::worker::lanes::LaneSettings;
 use crate::worker::{Controller, ParkedKeys, WorkerSettings, Workers};
 
@@ -341,6 +342,10 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
             max_held: (config.concurrency_ceiling() as usize * 4).max(32),
             ..LaneSettings::default()
         },
+        journal: Arc::new(EventJournal::new(
+            config.admin.event_history,
+            config.node_name(),
+        )),
     }
 }
 
@@ -561,6 +566,8 @@ pub async fn start_with(
     if let Some(metrics) = &metrics {
         tasks.push(spawn_metrics_upkeep(metrics.clone(), stop_rx.clone()));
     }
+    let settings = worker_settings(config);
+    let sink_slot = crate::admin::SinkSlot::default();
     let admin = Admin {
         metrics,
         queue: Arc::clone(&queue),
@@ -570,6 +577,8 @@ pub async fn start_with(
         parked: parked.clone(),
         queue_warnings,
         replays: Default::default(),
+        journal: Arc::clone(&settings.journal),
+        sink: Arc::clone(&sink_slot),
     };
     tasks.push(spawn_server(
         "admin",
@@ -589,6 +598,7 @@ pub async fn start_with(
             sink = layer(sink);
         }
         tracing::info!(sink = %crate::config::redact_url(&config.sink.url), "sink ready");
+        let _ = sink_slot.set(Arc::clone(&sink));
         tasks.push(tokio::spawn(Arc::clone(controller).run(
             Arc::clone(&queue),
             Arc::clone(&sink),
@@ -603,7 +613,7 @@ pub async fn start_with(
             Arc::clone(&queue),
             sink,
             Arc::clone(controller),
-            worker_settings(config),
+            settings,
             parked,
             shared_parks,
         ));

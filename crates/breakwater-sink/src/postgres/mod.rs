@@ -39,7 +39,10 @@ use tokio_postgres::{Config, NoTls};
 use self::classify::{classify, classify_pool};
 use crate::settings::{LockWaitersScope, SinkSettings, millis};
 use crate::statement::{Bound, Compiled, CompiledStatement, ParamValue, bind};
-use crate::{Applied, Event, FailureClass, LockSnapshot, Sink, SinkError, SinkSetupError};
+use crate::{
+    Applied, Event, FailureClass, InboxLookup, InboxRecord, LockSnapshot, Sink, SinkError,
+    SinkSetupError,
+};
 
 /// Run at every start. `client_min_messages` keeps the server's NOTICE
 /// that the table already exists (every start but the first) out of the
@@ -70,6 +73,13 @@ const INSERT_INBOX: &str = "\
 INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
 VALUES ($1, $2, $3, $4, $5, now())
 ON CONFLICT (source, event_id) DO NOTHING";
+
+/// One event's inbox row, times as milliseconds since the Unix epoch.
+const SELECT_INBOX: &str = "\
+SELECT (extract(epoch FROM received_at) * 1000)::int8,
+       (extract(epoch FROM applied_at) * 1000)::int8,
+       entity_key
+FROM breakwater_inbox WHERE source = $1 AND event_id = $2";
 
 /// Sessions waiting on a lock, and who blocks them. Breakwater's sessions
 /// are those with the sampler's own `application_name` (the apply pool's:
@@ -116,6 +126,8 @@ pub(crate) struct PgSink {
     begin: String,
     statement_timeout: Duration,
     sampler: Sampler,
+    /// The database, for people (`destination`): its URL, no password.
+    described: String,
 }
 
 impl PgSink {
@@ -192,6 +204,7 @@ impl PgSink {
         }
 
         Ok(Self {
+            described: format!("PostgreSQL {}", crate::redact_url(&settings.url)),
             pool,
             statements,
             begin,
@@ -443,6 +456,38 @@ impl Sink for PgSink {
             status.size.saturating_sub(status.available),
             status.max_size,
         )
+    }
+
+    async fn inbox_lookup(&self, source: &str, event_id: &str) -> Result<InboxLookup, SinkError> {
+        let client = self.pool.get().await.map_err(classify_pool)?;
+        let row = tokio::time::timeout(
+            self.statement_timeout,
+            client.query_opt(SELECT_INBOX, &[&source, &event_id]),
+        )
+        .await
+        .map_err(|_| {
+            SinkError::dependency(
+                "statement_timeout",
+                "the inbox lookup got no answer in time",
+            )
+        })?
+        .map_err(|e| classify(&e))?;
+        let Some(row) = row else {
+            return Ok(InboxLookup::Absent);
+        };
+        let record = (|| {
+            Ok::<_, tokio_postgres::Error>(InboxRecord {
+                received_at_ms: row.try_get::<_, Option<i64>>(0)?.unwrap_or_default(),
+                applied_at_ms: row.try_get(1)?,
+                entity_key: row.try_get(2)?,
+            })
+        })()
+        .map_err(|e| classify(&e))?;
+        Ok(InboxLookup::Found(record))
+    }
+
+    fn destination(&self, _source: &str) -> String {
+        self.described.clone()
     }
 }
 

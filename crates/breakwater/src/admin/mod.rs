@@ -5,8 +5,12 @@
 //! - `GET /queue/stats`: the queue's counts;
 //! - `GET /queue`: the counts, the oldest age and the backlog's drain
 //!   (rate, time left to drain; retention headroom when configured);
-//! - `GET /dlq[?limit=N&after=ID]`, `GET /dlq/{id}`: dead letters, on every
-//!   backend (through the queue contract);
+//! - `GET /dlq[?limit=N&after=ID&source=S&class=C&event_id=E]`, `GET
+//!   /dlq/{id}`: dead letters, on every backend (through the queue
+//!   contract; a filtered page reads at most [`DLQ_SCAN_MAX`] of them);
+//! - `GET /events/{source}/{event_id}`: one webhook's story: applied (its
+//!   inbox row) or dead-lettered (its reason) or pending, and each attempt
+//!   this node made with its time, class and error (`crate::events`);
 //! - `POST /dlq/replay` (JSON `{"ids": [...]}` or `{"all": true}`, `rate`
 //!   per second (100), `max_replays` (3)): puts dead letters back in the
 //!   background, one replay at a time, waiting while the breaker is open;
@@ -48,7 +52,7 @@ pub mod client;
 mod guard;
 mod replay;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
@@ -61,11 +65,13 @@ use breakwater_admin_api::{
     BreakerLocation, BreakerView, DlqList, ErrorBody, PurgeAnswer, PurgeRequest, QueueView,
     ReplayRequest, ResetQuery, TransitionAnswer, TripQuery,
 };
+use breakwater_sink::Sink;
 use http::{StatusCode, header};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::breaker::FleetLink;
-use crate::queue::{DlqPage, Queue, QueueError};
+use crate::events::journal::EventJournal;
+use crate::queue::{DlqFilter, DlqPage, Queue, QueueError, dlq_search};
 use crate::worker::{Controller, ParkedKeys};
 
 /// State of the admin handlers.
@@ -84,7 +90,15 @@ pub struct Admin {
     pub queue_warnings: Vec<String>,
     /// The DLQ replay running now, or the last one.
     pub replays: replay::Replays,
+    /// What this process's workers did with each event lately.
+    pub journal: Arc<EventJournal>,
+    /// The workers' sink, once it has connected (never, on a node without
+    /// workers): the event lookup reads its inbox.
+    pub sink: SinkSlot,
 }
+
+/// The workers' sink, set once it connects (after the admin API is up).
+pub type SinkSlot = Arc<OnceLock<Arc<dyn Sink>>>;
 
 /// Most dead letters one `GET /dlq` returns.
 const DLQ_PAGE_MAX: usize = 1000;
@@ -101,6 +115,7 @@ impl Admin {
             .route("/dlq/replay", get(dlq_replay_status).post(dlq_replay_start))
             .route("/dlq/purge", post(dlq_purge))
             .route("/dlq/{id}", get(dlq_show))
+            .route("/events/{source}/{event_id}", get(event_story))
             .route("/breaker", get(breaker_status))
             .route("/breaker/trip", post(breaker_trip))
             .route("/breaker/reset", post(breaker_reset))
@@ -230,22 +245,43 @@ struct DlqQuery {
     limit: Option<usize>,
     /// The id of the last dead letter of the previous page.
     after: Option<String>,
+    /// Only this source's, this class's (`permanent`, `exhausted`), this
+    /// event id's.
+    #[serde(flatten)]
+    filter: DlqFilter,
 }
+
+/// Dead letters one filtered `GET /dlq` reads at most before it answers
+/// with what it found and where to go on.
+const DLQ_SCAN_MAX: usize = 10_000;
 
 async fn dlq_list(State(admin): State<Arc<Admin>>, Query(q): Query<DlqQuery>) -> Response {
     let page = DlqPage {
         limit: q.limit.unwrap_or(100).clamp(1, DLQ_PAGE_MAX),
         after: q.after,
     };
-    match admin.queue.dlq_list(&page).await {
-        Ok(items) => {
-            let next_after = (items.len() == page.limit)
-                .then(|| items.last().map(|d| d.id.clone()))
-                .flatten();
-            Json(DlqList { items, next_after }).into_response()
-        }
+    match dlq_search(admin.queue.as_ref(), &q.filter, &page, DLQ_SCAN_MAX).await {
+        Ok(found) => Json(DlqList {
+            items: found.items,
+            next_after: found.next_after,
+            scanned: (!q.filter.is_empty()).then_some(found.scanned),
+        })
+        .into_response(),
         Err(e) => queue_error(&e),
     }
+}
+
+/// `GET /events/{source}/{event_id}`: the event's story.
+async fn event_story(
+    State(admin): State<Arc<Admin>>,
+    Path((source, event_id)): Path<(String, String)>,
+) -> Response {
+    let sink = admin.sink.get().map(|s| s.as_ref());
+    Json(
+        crate::events::look_up(&source, &event_id, &admin.journal, sink, admin.queue.as_ref())
+            .await,
+    )
+    .into_response()
 }
 
 /// A request's JSON body, or the 400 `bad_request` saying what is wrong

@@ -144,13 +144,21 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token; required when `listen` is not a loopback address.
     pub token: Option<String>,
+    /// Events whose attempts the workers remember for `GET
+    /// /events/{source}/{id}` (in memory, per node; 0: off). About 300
+    /// bytes an event, more for one retried many times.
+    pub event_history: usize,
 }
+
+/// The most events `admin.event_history` may keep.
+pub const EVENT_HISTORY_MAX: usize = 10_000_000;
 
 impl Default for AdminConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
+            event_history: 50_000,
         }
     }
 }
@@ -230,16 +238,19 @@ impl FleetConfig {
 
     /// This process's node id: the configured one, else `hostname:pid`.
     pub fn node(&self) -> String {
-        self.node_id.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .ok()
-                .filter(|h| !h.is_empty())
-                .or_else(|| std::env::var("HOSTNAME").ok())
-                .unwrap_or_else(|| "localhost".to_owned());
-            format!("{host}:{}", std::process::id())
-        })
+        self.node_id.clone().unwrap_or_else(host_and_pid)
     }
+}
+
+/// `hostname:pid`: a process's name where none is configured.
+fn host_and_pid() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
 }
 
 /// `[workers]`.
@@ -285,6 +296,13 @@ pub enum BackoffJitter {
 }
 
 impl Config {
+    /// This process's name: its fleet node id, else `hostname:pid`.
+    pub fn node_name(&self) -> String {
+        self.fleet
+            .as_ref()
+            .map_or_else(host_and_pid, FleetConfig::node)
+    }
+
     /// The most applies that may run at once: the adaptive limiter's
     /// ceiling (`breaker.limiter.max_concurrency`; 0 = the sink's pool, or
     /// `workers.max_concurrency` when that is larger), or

@@ -165,6 +165,15 @@ impl Config {
                 super::parse_error::hide_values(&problem.message),
             )
         })?;
+        if self.admin.event_history > super::EVENT_HISTORY_MAX {
+            return Err(ConfigError::invalid(
+                "admin.event_history",
+                format!(
+                    "must be at most {} events (about 300 bytes each, in memory)",
+                    super::EVENT_HISTORY_MAX
+                ),
+            ));
+        }
         if !self.admin.listen.ip().is_loopback() && self.admin.token.is_none() {
             return Err(ConfigError::invalid(
                 "admin.token",

@@ -36,6 +36,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use breakwater_admin_api::AttemptRecord;
 use breakwater_control::{BackoffPolicy, GateSnapshot, Outcome, OutcomeClass};
 use breakwater_sink::{Applied, Event, FailureClass, Sink, SinkError};
 use futures_util::FutureExt;
@@ -47,6 +48,7 @@ use tokio::task::JoinSet;
 use self::lanes::{Admit, LaneOutcome, LaneSettings, Lanes, ParkedKey};
 pub use crate::breaker::Controller;
 use crate::breaker::Probe;
+use crate::events::journal::EventJournal;
 use crate::queue::{DeadLetterReason, Delivery, Flow, Queue, Receipt};
 use crate::telemetry;
 
@@ -82,6 +84,9 @@ pub struct WorkerSettings {
     pub backoff: BackoffPolicy,
     pub lease: Duration,
     pub lanes: LaneSettings,
+    /// Where each settled attempt is remembered (shared with the admin
+    /// API's event lookup).
+    pub journal: Arc<EventJournal>,
 }
 
 /// A message on its way through a worker.
@@ -211,6 +216,13 @@ fn spread_release(delay: Duration, receives: u32, cap: Duration) -> Duration {
 
 /// Parked keys, shared with the admin API.
 pub type ParkedKeys = Arc<Mutex<Vec<ParkedKey>>>;
+
+/// Now, in milliseconds since the Unix epoch.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 /// A hot-key park another node of the fleet announced.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -553,18 +565,40 @@ impl Dispatcher {
         }
         let m = &job.delivery.message;
         let receipt = job.delivery.receipt.clone();
-        let count = |outcome: &'static str| {
+        let journal = Arc::clone(&self.settings.journal);
+        let failure = result.as_ref().err();
+        let probe = job.probe.is_some();
+        let count = |outcome: &'static str, note: Option<&str>| {
             metrics::counter!(telemetry::WORKER_MESSAGES, "outcome" => outcome).increment(1);
+            let apply_ms = took.as_millis() as u64;
             // One line per event settled (no payload, no secret).
             tracing::debug!(source = %m.source, event_id = %m.event_id, outcome,
-                attempt = m.attempts + 1, apply_ms = took.as_millis() as u64, "settled");
+                attempt = m.attempts + 1, apply_ms, "settled");
+            journal.record(
+                &m.source,
+                &m.event_id,
+                AttemptRecord {
+                    at_ms: wall_clock_ms(),
+                    attempt: m.attempts + 1,
+                    outcome: outcome.to_owned(),
+                    class: failure.map(|e| e.class.as_str().to_owned()),
+                    kind: failure.map(|e| e.kind.to_owned()),
+                    error: failure.map(ToString::to_string),
+                    note: note.map(str::to_owned),
+                    apply_ms,
+                    probe,
+                },
+            );
         };
-        match result {
+        match &result {
             Ok(applied) => {
-                count(match applied {
-                    Applied::New => "applied",
-                    Applied::Duplicate => "duplicate",
-                });
+                count(
+                    match applied {
+                        Applied::New => "applied",
+                        Applied::Duplicate => "duplicate",
+                    },
+                    None,
+                );
                 let queue = Arc::clone(&self.queue);
                 self.settling.spawn(async move {
                     if let Err(e) = queue.ack(&receipt).await {
@@ -577,7 +611,7 @@ impl Dispatcher {
                     "class" => e.class.as_str(), "kind" => e.kind)
                 .increment(1);
                 if e.class == FailureClass::Permanent {
-                    count("dead_lettered");
+                    count("dead_lettered", Some("permanent failure: dead-lettered at once"));
                     // Its message may quote the payload: the DLQ entry
                     // keeps it, the log keeps kind, code and constraint.
                     tracing::warn!(source = %m.source, event_id = %m.event_id,
@@ -586,10 +620,10 @@ impl Dispatcher {
                 } else if e.target.is_some_and(|t| t.in_trouble) {
                     // Its forward target is failing, behind its own gate:
                     // back untried, for when the gate lets it through.
-                    count("released");
+                    count("released", Some("its forward target is failing: back untried"));
                     self.release(receipt, e.retry_after.unwrap_or(Duration::from_secs(1)));
                 } else if let Some(park) = next.parked_for {
-                    count("released");
+                    count("released", Some("row lock: its key parked, back untried"));
                     tracing::info!(key = ?key, park_ms = park.as_millis() as u64, error = %e,
                         "row lock: key parked, message released untried");
                     self.release(receipt, park);
@@ -598,12 +632,12 @@ impl Dispatcher {
                     // untried. (A failed probe is what re-opened it: that
                     // one counts an attempt below, so a message that always
                     // fails cannot hold the fleet paused for ever.)
-                    count("released");
+                    count("released", Some("the breaker opened meanwhile: back untried"));
                     self.release(receipt, Duration::ZERO);
                 } else if m.attempts + 1 >= self.settings.max_attempts
                     && !self.controller.dependency_trouble()
                 {
-                    count("dead_lettered");
+                    count("dead_lettered", Some("retries exhausted"));
                     tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
                         attempts = m.attempts + 1, "retries exhausted: dead-lettered");
                     self.dead_letter(
@@ -612,7 +646,7 @@ impl Dispatcher {
                         format!("after {} attempts: {e}", m.attempts + 1),
                     );
                 } else {
-                    count("retried");
+                    count("retried", None);
                     let backoff = self.settings.backoff.delay(m.attempts, None, &mut self.rng);
                     // A dependency that said when to come back (Retry-After)
                     // is not asked sooner, within the backoff's cap.
@@ -869,6 +903,7 @@ mod tests {
             backoff: BackoffPolicy::full_jitter(Duration::from_millis(1), Duration::from_millis(5)),
             lease,
             lanes: LaneSettings::default(),
+            journal: Arc::new(EventJournal::off()),
         }
     }
 
