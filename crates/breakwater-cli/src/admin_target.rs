@@ -16,7 +16,7 @@ pub(crate) struct AdminArg {
     /// config's `[admin] listen`, with no fallback to the local queue when
     /// set. The token is the config's `[admin] token`
     /// (BREAKWATER_ADMIN_TOKEN).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, global = true, value_name = "HOST:PORT")]
     pub(crate) admin: Option<String>,
 }
 

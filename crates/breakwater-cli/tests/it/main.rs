@@ -8,6 +8,7 @@ mod cli;
 mod crash;
 mod dashboard;
 mod doctor;
+mod events;
 mod fleet;
 mod forward;
 mod ingress;
