@@ -114,6 +114,11 @@ enum Command {
         /// Print the findings as JSON.
         #[arg(long)]
         json: bool,
+        /// The longest outage of the database the deployment must ride out
+        /// without losing a webhook (e.g. 6h, 2d as 48h): the queue's
+        /// retention is checked against it.
+        #[arg(long, value_parser = parse_duration, default_value = "6h")]
+        plausible_outage: std::time::Duration,
         #[command(flatten)]
         config: ConfigPath,
     },
@@ -411,11 +416,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Doctor { json, config } => {
+        Command::Doctor {
+            json,
+            plausible_outage,
+            config,
+        } => {
             let config = load_config(config.config.as_deref())?;
             serve::check(&config)?;
             let live = runtime()?.block_on(breakwater::doctor::gather(&config));
-            let findings = breakwater::doctor::audit(&config, &live);
+            let findings = breakwater::doctor::audit(
+                &config,
+                &live,
+                &breakwater::doctor::Assumptions { plausible_outage },
+            );
             if json {
                 outln!("{}", serde_json::to_string_pretty(&findings)?);
             } else {

@@ -56,7 +56,13 @@ pub async fn dlq_search(
     page: &DlqPage,
     scan_max: usize,
 ) -> Result<DlqSearch, QueueError> {
-    search_pages(|p| async move { queue.dlq_list(&p).await }, filter, page, scan_max).await
+    search_pages(
+        |p| async move { queue.dlq_list(&p).await },
+        filter,
+        page,
+        scan_max,
+    )
+    .await
 }
 
 /// [`dlq_search`] over any lister of pages.
@@ -146,12 +152,18 @@ mod tests {
             .collect()
     }
 
-    async fn search(all: &[DeadLetter], filter: &DlqFilter, page: &DlqPage, scan_max: usize) -> DlqSearch {
+    async fn search(
+        all: &[DeadLetter],
+        filter: &DlqFilter,
+        page: &DlqPage,
+        scan_max: usize,
+    ) -> DlqSearch {
         let lister = |p: DlqPage| {
-            let start = p
-                .after
-                .as_ref()
-                .map_or(0, |a| all.iter().position(|d| &d.id == a).map_or(all.len(), |i| i + 1));
+            let start = p.after.as_ref().map_or(0, |a| {
+                all.iter()
+                    .position(|d| &d.id == a)
+                    .map_or(all.len(), |i| i + 1)
+            });
             let items: Vec<DeadLetter> = all[start..].iter().take(p.limit).cloned().collect();
             async move { Ok(items) }
         };

@@ -3,9 +3,10 @@
 //! pool, jittered and capped retries, every breaker signal, bounded
 //! probes and a ramp, an inbox keyed for idempotency, verified sources).
 //!
-//! [`audit`] is pure: the config and what was read from the live database
-//! ([`Live`]) in, findings out, so every verdict is tested without a
-//! database. [`gather`] reads the live facts.
+//! [`audit`] is pure: the config, what was read from the live database
+//! ([`Live`]) and what the operator declares ([`Assumptions`]: the longest
+//! outage they find plausible) in, findings out, so every verdict is tested
+//! without a database. [`gather`] reads the live facts.
 
 use serde::Serialize;
 
@@ -69,6 +70,24 @@ fn flag(
     }
 }
 
+/// What the operator declares, not read from anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Assumptions {
+    /// The longest outage of the database (or forward target) the
+    /// deployment must ride out without losing a message
+    /// (`--plausible-outage`).
+    pub plausible_outage: std::time::Duration,
+}
+
+impl Default for Assumptions {
+    /// Six hours: a bad night, found in the morning.
+    fn default() -> Self {
+        Self {
+            plausible_outage: std::time::Duration::from_secs(6 * 3600),
+        }
+    }
+}
+
 /// What was read from the running system.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Live {
@@ -115,7 +134,7 @@ pub async fn gather(config: &Config) -> Live {
 }
 
 /// The checklist, item by item.
-pub fn audit(config: &Config, live: &Live) -> Vec<Finding> {
+pub fn audit(config: &Config, live: &Live, assumed: &Assumptions) -> Vec<Finding> {
     let mut out = vec![sources(config, live)];
     out.extend(role(config, live));
     out.push(pool(config));
@@ -123,6 +142,7 @@ pub fn audit(config: &Config, live: &Live) -> Vec<Finding> {
     out.push(signals(config));
     out.push(probes_and_ramp(config));
     out.push(redelivery(config, live));
+    out.push(retention(config, assumed));
     out.extend(fleet(config, live));
     out
 }
@@ -453,6 +473,79 @@ fn redelivery(config: &Config, live: &Live) -> Finding {
     }
 }
 
+/// The queue keeps a message longer than the longest plausible outage,
+/// with room to drain the backlog after it: a message the broker expires
+/// is lost, whatever the breaker did.
+fn retention(config: &Config, assumed: &Assumptions) -> Finding {
+    const CHECK: &str = "queue.retention";
+    let outage = assumed.plausible_outage.as_secs();
+    let backend = config.queue.backend.as_str();
+    let hours = |secs: u64| format!("{:.1} h", secs as f64 / 3600.0);
+    let set_it = "set queue.retention_secs to the broker's retention (SQS \
+                  MessageRetentionPeriod, Kafka retention.ms, a NATS max_age), so doctor and \
+                  the retention-headroom alert can check it";
+    match config.queue.retention_secs {
+        Some(kept) if kept <= outage => flag(
+            CHECK,
+            Verdict::Fail,
+            format!(
+                "the queue keeps a message {} and an outage of {} is plausible: the oldest \
+                 webhooks would expire before the database is back",
+                hours(kept),
+                hours(outage)
+            ),
+            format!(
+                "raise the broker's retention well past {} (SQS allows 14 days), and \
+                 queue.retention_secs with it",
+                hours(outage)
+            ),
+        ),
+        Some(kept) if kept < outage.saturating_mul(2) => flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "the queue keeps a message {}, under twice the plausible outage ({}): the \
+                 backlog of such an outage must also drain before its oldest expire",
+                hours(kept),
+                hours(outage)
+            ),
+            format!(
+                "raise the broker's retention to at least {}",
+                hours(outage.saturating_mul(2))
+            ),
+        ),
+        Some(kept) => pass(
+            CHECK,
+            format!(
+                "the queue keeps a message {}, over twice the plausible outage ({}); \
+                 breakwater_retention_headroom_seconds warns {} before the oldest expires",
+                hours(kept),
+                hours(outage),
+                hours(config.queue.retention_warn_secs)
+            ),
+        ),
+        None if matches!(backend, "embedded" | "rabbitmq" | "nats") => pass(
+            CHECK,
+            format!(
+                "the {backend} queue keeps a message until it is applied or dead-lettered (no \
+                 expiry here; a broker policy or max_age set outside Breakwater would change \
+                 that: then {set_it})"
+            ),
+        ),
+        None => flag(
+            CHECK,
+            Verdict::Warn,
+            format!(
+                "the {backend} broker drops messages after its retention (SQS: 4 days unless \
+                 set; Kafka: the topic's retention.ms), and the config does not say how long \
+                 it is, so nothing checks it against an outage of {}",
+                hours(outage)
+            ),
+            set_it,
+        ),
+    }
+}
+
 /// With `[fleet]`: a broker every process can share, Redis reachable, a
 /// lease holder, no node deciding alone. Without, nothing to say.
 fn fleet(config: &Config, live: &Live) -> Option<Finding> {
@@ -573,7 +666,9 @@ mod tests {
         let mut config = Config::default();
         let mut l = live(db(1000, 5000, 60_000));
         assert!(
-            audit(&config, &l).iter().all(|f| f.check != "fleet"),
+            audit(&config, &l, &Assumptions::default())
+                .iter()
+                .all(|f| f.check != "fleet"),
             "no fleet, nothing said"
         );
         config.fleet = Some(crate::config::FleetConfig {
@@ -585,13 +680,13 @@ mod tests {
         });
         l.fleet = Some(Ok(FleetView::default()));
         assert_eq!(
-            verdict(&audit(&config, &l), "fleet"),
+            verdict(&audit(&config, &l, &Assumptions::default()), "fleet"),
             Verdict::Fail,
             "embedded queue"
         );
         config.queue.backend = "rabbitmq".into();
         assert_eq!(
-            verdict(&audit(&config, &l), "fleet"),
+            verdict(&audit(&config, &l, &Assumptions::default()), "fleet"),
             Verdict::Pass,
             "nothing started yet"
         );
@@ -611,7 +706,7 @@ mod tests {
             beats: vec![beat("w1", false)],
         }));
         assert_eq!(
-            verdict(&audit(&config, &l), "fleet"),
+            verdict(&audit(&config, &l, &Assumptions::default()), "fleet"),
             Verdict::Warn,
             "no holder"
         );
@@ -623,7 +718,7 @@ mod tests {
             record: None,
             beats: vec![beat("w1", false), beat("w2", true)],
         }));
-        let f = audit(&config, &l);
+        let f = audit(&config, &l, &Assumptions::default());
         assert_eq!(verdict(&f, "fleet"), Verdict::Warn, "w2 alone");
         l.fleet = Some(Ok(FleetView {
             lease: Some(Lease {
@@ -633,11 +728,58 @@ mod tests {
             record: None,
             beats: vec![beat("w1", false)],
         }));
-        assert_eq!(verdict(&audit(&config, &l), "fleet"), Verdict::Pass);
+        assert_eq!(
+            verdict(&audit(&config, &l, &Assumptions::default()), "fleet"),
+            Verdict::Pass
+        );
         l.fleet = Some(Err("connection refused".into()));
-        let f = audit(&config, &l);
+        let f = audit(&config, &l, &Assumptions::default());
         assert_eq!(verdict(&f, "fleet"), Verdict::Warn);
         assert!(!failed(&f));
+    }
+
+    #[test]
+    fn retention_is_checked_against_the_plausible_outage() {
+        let l = live(db(1000, 5000, 60_000));
+        let assumed = Assumptions {
+            plausible_outage: std::time::Duration::from_secs(3600),
+        };
+        let mut config = Config::default();
+        assert_eq!(
+            verdict(&audit(&config, &l, &assumed), "queue.retention"),
+            Verdict::Pass,
+            "the embedded queue expires nothing"
+        );
+        config.queue.backend = "sqs".to_owned();
+        assert_eq!(
+            verdict(&audit(&config, &l, &assumed), "queue.retention"),
+            Verdict::Warn,
+            "a broker retention nobody declared"
+        );
+        for (kept, expected) in [
+            (3600, Verdict::Fail),
+            (1800, Verdict::Fail),
+            (5400, Verdict::Warn),
+            (7200, Verdict::Pass),
+            (345_600, Verdict::Pass),
+        ] {
+            config.queue.retention_secs = Some(kept);
+            let findings = audit(&config, &l, &assumed);
+            assert_eq!(verdict(&findings, "queue.retention"), expected, "{kept} s");
+        }
+        config.queue.retention_secs = Some(1800);
+        let findings = audit(&config, &l, &assumed);
+        let f = findings
+            .iter()
+            .find(|f| f.check == "queue.retention")
+            .expect("finding");
+        assert!(f.detail.contains("0.5 h"), "{}", f.detail);
+        assert!(
+            f.fix
+                .as_deref()
+                .is_some_and(|fix| fix.contains("retention"))
+        );
+        assert!(failed(&findings), "a fail fails the run");
     }
 
     #[test]
@@ -645,21 +787,30 @@ mod tests {
         let config = Config::default();
         let mut l = live(db(1000, 5000, 60_000));
         assert_eq!(
-            verdict(&audit(&config, &l), "queue.redelivery"),
+            verdict(
+                &audit(&config, &l, &Assumptions::default()),
+                "queue.redelivery"
+            ),
             Verdict::Pass
         );
         l.redelivery_limit = Ok(Some(1000));
         assert_eq!(
-            verdict(&audit(&config, &l), "queue.redelivery"),
+            verdict(
+                &audit(&config, &l, &Assumptions::default()),
+                "queue.redelivery"
+            ),
             Verdict::Pass
         );
         l.redelivery_limit = Ok(Some(5));
-        let f = audit(&config, &l);
+        let f = audit(&config, &l, &Assumptions::default());
         assert_eq!(verdict(&f, "queue.redelivery"), Verdict::Warn);
         assert!(!failed(&f), "a warning, not a failure");
         l.redelivery_limit = Err("unreachable".into());
         assert_eq!(
-            verdict(&audit(&config, &l), "queue.redelivery"),
+            verdict(
+                &audit(&config, &l, &Assumptions::default()),
+                "queue.redelivery"
+            ),
             Verdict::Warn
         );
     }
@@ -667,11 +818,15 @@ mod tests {
     #[test]
     fn a_role_without_lock_timeout_or_with_inverted_timeouts_fails() {
         let config = Config::default();
-        let f = audit(&config, &live(db(0, 0, 0)));
+        let f = audit(&config, &live(db(0, 0, 0)), &Assumptions::default());
         assert_eq!(verdict(&f, "role.lock_timeout"), Verdict::Fail);
         assert_eq!(verdict(&f, "role.statement_timeout"), Verdict::Warn);
         assert!(failed(&f));
-        let f = audit(&config, &live(db(2_000, 1_000, 10_000)));
+        let f = audit(
+            &config,
+            &live(db(2_000, 1_000, 10_000)),
+            &Assumptions::default(),
+        );
         assert_eq!(verdict(&f, "role.statement_timeout"), Verdict::Fail);
         let fix = f
             .iter()
@@ -686,7 +841,11 @@ mod tests {
 
     #[test]
     fn a_well_set_role_and_the_defaults_pass() {
-        let f = audit(&Config::default(), &live(db(1_000, 5_000, 10_000)));
+        let f = audit(
+            &Config::default(),
+            &live(db(1_000, 5_000, 10_000)),
+            &Assumptions::default(),
+        );
         assert!(!failed(&f), "{f:#?}");
         for check in [
             "role.lock_timeout",
@@ -707,7 +866,7 @@ mod tests {
         d.inbox_key = Some(vec!["event_id".into()]);
         let mut l = live(d);
         l.sources = Err("STRIPE_SECRETS is not set".into());
-        let f = audit(&Config::default(), &l);
+        let f = audit(&Config::default(), &l, &Assumptions::default());
         assert_eq!(verdict(&f, "inbox.key"), Verdict::Fail);
         assert_eq!(verdict(&f, "sources.signatures"), Verdict::Fail);
     }
@@ -716,7 +875,11 @@ mod tests {
     fn a_breaker_that_cannot_see_failures_fails() {
         let mut config = Config::default();
         config.breaker.failure_ratio.enabled = false;
-        let f = audit(&config, &live(db(1_000, 5_000, 10_000)));
+        let f = audit(
+            &config,
+            &live(db(1_000, 5_000, 10_000)),
+            &Assumptions::default(),
+        );
         assert_eq!(verdict(&f, "breaker.signals"), Verdict::Fail);
     }
 }

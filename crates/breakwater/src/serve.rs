@@ -30,10 +30,10 @@ use breakwater_fleet::{NodeRole, RedisFleet};
 use crate::admin::Admin;
 use crate::breaker::{Coordination, FleetLink, Standing};
 use crate::config::{BackoffJitter, Config, LockWaitersScopeName};
+use crate::events::journal::EventJournal;
 use crate::ingress::{ApplyStatus, Ingress};
 use crate::queue::{OpenMode, Queue};
 use crate::source;
-use crate::events::journal::EventJournal;
 use crate::worker::lanes::LaneSettings;
 use crate::worker::{Controller, ParkedKeys, WorkerSettings, Workers};
 

@@ -100,6 +100,22 @@ async fn wait_text(page: &Client, id: &str, want: &str) {
     }
 }
 
+/// Waits until the element `id`'s text holds `want`.
+async fn wait_contains(page: &Client, id: &str, want: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let shown = text_of(page, id).await;
+        if shown.contains(want) {
+            return shown;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "#{id} shows {shown:?}, without {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn click(page: &Client, css: &str) {
     page.find(Locator::Css(css))
         .await
@@ -150,6 +166,19 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Its story, from the event id in its row.
+    click(&page, "#dlq button.link").await;
+    wait_contains(&page, "event", "dead lettered").await;
+    let attempts = text_of(&page, "attempts").await;
+    assert!(attempts.contains("dead_lettered"), "{attempts}");
+    assert!(attempts.contains("permanent/"), "{attempts}");
+
+    // Filtered by class: an exhausted-only view has none of it.
+    click(&page, "#dlq-class option:nth-child(3)").await;
+    wait_contains(&page, "dlq", "the dead-letter queue is empty").await;
+    click(&page, "#dlq-class option:nth-child(1)").await;
+    wait_contains(&page, "dlq", "evt_dashboard").await;
+
     // Tripped from outside (the API): the page follows.
     let tripped = http
         .post(&server.admin_url("/breaker/trip"), &[], Vec::new())
@@ -196,5 +225,14 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
         assert!(Instant::now() < deadline, "the DLQ table shows {table:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Its story now: applied on the replay, after the dead letter.
+    click(&page, "#event-form button").await;
+    wait_contains(&page, "event", "the target answered 2xx").await;
+    let attempts = text_of(&page, "attempts").await;
+    let (dead, applied) = (attempts.find("dead_lettered"), attempts.rfind("applied"));
+    assert!(
+        matches!((dead, applied), (Some(d), Some(a)) if d < a),
+        "dead-lettered, then applied: {attempts}"
+    );
     page.close().await.expect("close the browser");
 }

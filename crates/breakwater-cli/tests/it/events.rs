@@ -83,7 +83,10 @@ async fn story_when(
         if done(&s) {
             return s;
         }
-        assert!(Instant::now() < deadline, "{event_id} never got there: {s:#}");
+        assert!(
+            Instant::now() < deadline,
+            "{event_id} never got there: {s:#}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -149,7 +152,10 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
             .is_some_and(|e| e.contains("injected serialization failure")),
         "{first}"
     );
-    assert_eq!(outcomes(&retried).last().map(String::as_str), Some("applied"));
+    assert_eq!(
+        outcomes(&retried).last().map(String::as_str),
+        Some("applied")
+    );
     assert!(attempts.len() >= 2);
     assert!(
         attempts
@@ -160,18 +166,32 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     let applied_at = retried["applied"]["applied_at_ms"]
         .as_i64()
         .expect("applied_at");
-    assert!(applied_at >= retried["applied"]["received_at_ms"].as_i64().expect("received"));
+    assert!(
+        applied_at
+            >= retried["applied"]["received_at_ms"]
+                .as_i64()
+                .expect("received")
+    );
     assert_eq!(retried["applied"]["entity_key"], "7");
 
     let applied = story_when(&http, &server, "evt_applied", |s| s["state"] == "applied").await;
     assert_eq!(outcomes(&applied), ["applied"], "{applied:#}");
     let destination = applied["destination"].as_str().expect("destination");
-    assert!(destination.starts_with("PostgreSQL postgres://"), "{destination}");
+    assert!(
+        destination.starts_with("PostgreSQL postgres://"),
+        "{destination}"
+    );
     assert!(destination.contains(&db.name), "{destination}");
 
-    let dead = story_when(&http, &server, "evt_poison", |s| s["state"] == "dead_lettered").await;
+    let dead = story_when(&http, &server, "evt_poison", |s| {
+        s["state"] == "dead_lettered"
+    })
+    .await;
     assert_eq!(dead["dead_letter"]["class"], "permanent", "{dead:#}");
-    assert!(dead["dead_letter"].get("body").is_none(), "no body: {dead:#}");
+    assert!(
+        dead["dead_letter"].get("body").is_none(),
+        "no body: {dead:#}"
+    );
     assert_eq!(outcomes(&dead), ["dead_lettered"]);
     assert_eq!(dead["attempts"][0]["kind"], "constraint");
     assert!(dead.get("applied").is_none());
@@ -180,7 +200,11 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     // and an exit code that says which ones need a look.
     let out = events_show(&server, "evt_retried", false);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("state        applied"), "{text}");
     assert!(text.contains("retried"), "{text}");
     assert!(text.contains("dependency/serialization"), "{text}");
@@ -211,11 +235,23 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     assert_eq!(count("/dlq?event_id=evt_applied").await, 0);
     let admin = server.admin.to_string();
     let out = Command::new(binary())
-        .args(["dlq", "list", "--event-id", "evt_poison", "--json", "--admin", &admin])
+        .args([
+            "dlq",
+            "list",
+            "--event-id",
+            "evt_poison",
+            "--json",
+            "--admin",
+            &admin,
+        ])
         .env_remove("BREAKWATER_CONFIG")
         .output()
         .expect("run breakwater");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
 
@@ -225,7 +261,11 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
         .env_remove("BREAKWATER_CONFIG")
         .output()
         .expect("run breakwater");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(stats["dead_lettered"], 1, "{stats}");
 
@@ -255,7 +295,14 @@ fn a_named_admin_api_that_does_not_answer_is_an_error_not_a_fallback() {
         "nothing created here"
     );
     let out = Command::new(binary())
-        .args(["events", "show", "stripe", "evt_1", "--admin", "no-such-host.invalid:9090"])
+        .args([
+            "events",
+            "show",
+            "stripe",
+            "evt_1",
+            "--admin",
+            "no-such-host.invalid:9090",
+        ])
         .env_remove("BREAKWATER_CONFIG")
         .output()
         .expect("run breakwater");

@@ -1,6 +1,5 @@
-//! A small typed client of the admin API, for the CLI (`breaker
-//! status|trip|reset`, and `dlq list|show|replay|purge` when a service
-//! answers).
+//! A small typed client of the admin API, for the CLI (`breaker`,
+//! `events show`, and `dlq` and `queue stats` when a service answers).
 
 use std::net::SocketAddr;
 use std::time::Duration;

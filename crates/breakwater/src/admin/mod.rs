@@ -28,8 +28,10 @@
 //! - `GET /`: the live dashboard (`dashboard.html`, embedded in the binary;
 //!   no build step): the breaker's state and transitions with their
 //!   reasons, the limit, lock waiters and parked keys, the queue and its
-//!   drain, applies per second by outcome (from `/metrics`), the DLQ with
-//!   replay and purge, trip and reset; polled every second. The page holds
+//!   drain, applies per second by outcome (from `/metrics`), an event
+//!   lookup (from a dead letter's row too) with each attempt, the DLQ
+//!   filtered by source and class with replay and purge, trip and reset;
+//!   polled every second. The page holds
 //!   no data, so it is served without the token; its calls carry the token
 //!   the operator types in when the API answers 401. It may not be framed.
 //!
@@ -278,8 +280,14 @@ async fn event_story(
 ) -> Response {
     let sink = admin.sink.get().map(|s| s.as_ref());
     Json(
-        crate::events::look_up(&source, &event_id, &admin.journal, sink, admin.queue.as_ref())
-            .await,
+        crate::events::look_up(
+            &source,
+            &event_id,
+            &admin.journal,
+            sink,
+            admin.queue.as_ref(),
+        )
+        .await,
     )
     .into_response()
 }

@@ -210,7 +210,10 @@ mod tests {
         let mut a = attempt(1, "retried");
         a.error = Some("é".repeat(600));
         j.record("s", "e", a);
-        let kept = j.get("s", "e").expect("kept").kept[0].error.clone().expect("error");
+        let kept = j.get("s", "e").expect("kept").kept[0]
+            .error
+            .clone()
+            .expect("error");
         assert!(kept.len() <= ERROR_KEPT + '…'.len_utf8());
         assert!(kept.ends_with('…'));
     }

@@ -122,7 +122,9 @@ pub fn tell(source: &str, event_id: &str, found: Found, journal: &EventJournal) 
     } else if let Some(outcome) = last {
         (
             EventState::Pending,
-            format!("not settled yet: its last attempt here was {outcome}, it comes back from the queue"),
+            format!(
+                "not settled yet: its last attempt here was {outcome}, it comes back from the queue"
+            ),
         )
     } else {
         let beyond = match &inbox {
@@ -226,7 +228,11 @@ mod tests {
         };
         let story = tell("stripe", "evt_1", found, &j);
         assert_eq!(story.state, EventState::DeadLettered);
-        assert!(story.detail.contains("orders_amount_check"), "{}", story.detail);
+        assert!(
+            story.detail.contains("orders_amount_check"),
+            "{}",
+            story.detail
+        );
         assert_eq!(story.dead_letter.and_then(|d| d.body), None);
     }
 
@@ -238,7 +244,10 @@ mod tests {
             attempts: j.get("stripe", "evt_1"),
             ..Found::default()
         };
-        assert_eq!(tell("stripe", "evt_1", found, &j).state, EventState::Applied);
+        assert_eq!(
+            tell("stripe", "evt_1", found, &j).state,
+            EventState::Applied
+        );
 
         let j = journal_with(&["retried"]);
         let found = Found {
@@ -246,7 +255,10 @@ mod tests {
             attempts: j.get("stripe", "evt_1"),
             ..Found::default()
         };
-        assert_eq!(tell("stripe", "evt_1", found, &j).state, EventState::Pending);
+        assert_eq!(
+            tell("stripe", "evt_1", found, &j).state,
+            EventState::Pending
+        );
     }
 
     #[test]

@@ -611,7 +611,10 @@ impl Dispatcher {
                     "class" => e.class.as_str(), "kind" => e.kind)
                 .increment(1);
                 if e.class == FailureClass::Permanent {
-                    count("dead_lettered", Some("permanent failure: dead-lettered at once"));
+                    count(
+                        "dead_lettered",
+                        Some("permanent failure: dead-lettered at once"),
+                    );
                     // Its message may quote the payload: the DLQ entry
                     // keeps it, the log keeps kind, code and constraint.
                     tracing::warn!(source = %m.source, event_id = %m.event_id,
@@ -620,7 +623,10 @@ impl Dispatcher {
                 } else if e.target.is_some_and(|t| t.in_trouble) {
                     // Its forward target is failing, behind its own gate:
                     // back untried, for when the gate lets it through.
-                    count("released", Some("its forward target is failing: back untried"));
+                    count(
+                        "released",
+                        Some("its forward target is failing: back untried"),
+                    );
                     self.release(receipt, e.retry_after.unwrap_or(Duration::from_secs(1)));
                 } else if let Some(park) = next.parked_for {
                     count("released", Some("row lock: its key parked, back untried"));
@@ -632,7 +638,10 @@ impl Dispatcher {
                     // untried. (A failed probe is what re-opened it: that
                     // one counts an attempt below, so a message that always
                     // fails cannot hold the fleet paused for ever.)
-                    count("released", Some("the breaker opened meanwhile: back untried"));
+                    count(
+                        "released",
+                        Some("the breaker opened meanwhile: back untried"),
+                    );
                     self.release(receipt, Duration::ZERO);
                 } else if m.attempts + 1 >= self.settings.max_attempts
                     && !self.controller.dependency_trouble()
