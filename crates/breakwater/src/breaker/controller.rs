@@ -34,7 +34,7 @@ use breakwater_control::{
     Breaker, BreakerConfig, BreakerRecord, BreakerStatus, BreakerStore, ConfigError, GateSnapshot,
     Heartbeat, KeyContention, LimitReason, LocalBreakerStore, LocalProbeSlots, Outcome,
     OutcomeClass, OutcomeTally, ProbeSlot, ProbeSlots, ProbeTicket, QueueSample, RetentionStatus,
-    RetentionWatch, SharedBreaker, SharedGate, SignalKind, State, Transition, Version, WorkerState,
+    RetentionWatch, SharedBreaker, SharedGate, State, Transition, Version, WorkerState,
 };
 use breakwater_fleet::{NodeBeat, SlotBeat, SlotState};
 use breakwater_sink::Sink;
@@ -573,22 +573,10 @@ impl Controller {
         });
     }
 
-    /// Whether the database looks like the problem right now: the breaker
-    /// is not closed, or dependency failures are at least half of the
-    /// tripping ratio. While it is, a message that keeps failing on the
-    /// dependency is not dead-lettered for running out of attempts (the
-    /// fault is not the message's); it is retried later instead. Never in
-    /// dry-run mode.
+    /// Whether the database looks like the problem right now
+    /// ([`BreakerStatus::dependency_trouble`]).
     pub fn dependency_trouble(&self) -> bool {
-        let status = self.status();
-        // A dry-run breaker only reports; it changes nothing, this included.
-        !status.dry_run
-            && (status.state != State::Closed
-                || status
-                    .signals
-                    .iter()
-                    .filter(|s| s.signal == SignalKind::FailureRatio)
-                    .any(|s| s.tripping || s.value.is_some_and(|v| v >= s.threshold / 2.0)))
+        self.status().dependency_trouble()
     }
 
     /// Half-open: takes a probe slot if one is free, fleet-wide first (the

@@ -30,6 +30,7 @@
 //! releases their messages) and releases what waits in the lanes.
 
 pub mod lanes;
+pub mod settle;
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -38,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use breakwater_admin_api::AttemptRecord;
 use breakwater_control::{BackoffPolicy, GateSnapshot, Outcome, OutcomeClass};
-use breakwater_sink::{Applied, Event, FailureClass, Sink, SinkError};
+use breakwater_sink::{Applied, Event, Sink, SinkError};
 use futures_util::FutureExt;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -46,6 +47,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use self::lanes::{Admit, LaneOutcome, LaneSettings, Lanes, ParkedKey};
+use self::settle::{Settle, SettleFacts};
 pub use crate::breaker::Controller;
 use crate::breaker::Probe;
 use crate::events::journal::EventJournal;
@@ -172,21 +174,10 @@ async fn apply_once(
     };
     let latency = started.elapsed();
     metrics::histogram!(telemetry::SINK_APPLY_SECONDS).record(latency.as_secs_f64());
-    let class = match &result {
-        Ok(_) => OutcomeClass::Success,
-        Err(e) if e.class == FailureClass::Permanent => OutcomeClass::Permanent,
-        // One of several forward targets, weighed by its own gate: neither
-        // a call nor a failure for the process's breaker.
-        Err(e) if e.target.is_some() => OutcomeClass::KeyContention,
-        // A row lock on a key the lane sets aside: that key's trouble while
-        // few keys have it (a probe's outcome always counts).
-        Err(e) if e.kind == "lock_timeout" && job.laned && job.probe.is_none() => {
-            job.key().map_or(OutcomeClass::Dependency, |key| {
-                controller.lock_timeout_class(key)
-            })
-        }
-        Err(_) => OutcomeClass::Dependency,
-    };
+    let class = settle::breaker_class(&result, job.laned, job.probe.is_some(), || {
+        job.key()
+            .is_some_and(|key| controller.lock_timeout_class(key) == OutcomeClass::KeyContention)
+    });
     let outcome = match class {
         OutcomeClass::Success => "success",
         OutcomeClass::Dependency => "dependency",
@@ -590,15 +581,22 @@ impl Dispatcher {
                 },
             );
         };
-        match &result {
-            Ok(applied) => {
-                count(
-                    match applied {
-                        Applied::New => "applied",
-                        Applied::Duplicate => "duplicate",
-                    },
-                    None,
-                );
+        if let Err(e) = &result {
+            metrics::counter!(telemetry::SINK_FAILURES,
+                "class" => e.class.as_str(), "kind" => e.kind)
+            .increment(1);
+        }
+        let facts = SettleFacts {
+            parked_for: next.parked_for,
+            may_poll: self.controller.gate().may_poll,
+            probe: job.probe.is_some(),
+            attempts: m.attempts,
+            max_attempts: self.settings.max_attempts,
+        };
+        let decision = settle::decide(&result, &facts, || self.controller.dependency_trouble());
+        match decision {
+            Settle::Ack(outcome) => {
+                count(outcome, None);
                 let queue = Arc::clone(&self.queue);
                 self.settling.spawn(async move {
                     if let Err(e) = queue.ack(&receipt).await {
@@ -606,72 +604,51 @@ impl Dispatcher {
                     }
                 });
             }
-            Err(e) => {
-                metrics::counter!(telemetry::SINK_FAILURES,
-                    "class" => e.class.as_str(), "kind" => e.kind)
-                .increment(1);
-                if e.class == FailureClass::Permanent {
-                    count(
-                        "dead_lettered",
-                        Some("permanent failure: dead-lettered at once"),
-                    );
-                    // Its message may quote the payload: the DLQ entry
-                    // keeps it, the log keeps kind, code and constraint.
-                    tracing::warn!(source = %m.source, event_id = %m.event_id,
-                        error = %e.log_summary(), "permanent failure: dead-lettered");
-                    self.dead_letter(receipt, "permanent", e.to_string());
-                } else if e.target.is_some_and(|t| t.in_trouble) {
-                    // Its forward target is failing, behind its own gate:
-                    // back untried, for when the gate lets it through.
-                    count(
-                        "released",
-                        Some("its forward target is failing: back untried"),
-                    );
-                    self.release(receipt, e.retry_after.unwrap_or(Duration::from_secs(1)));
-                } else if let Some(park) = next.parked_for {
-                    count("released", Some("row lock: its key parked, back untried"));
+            Settle::DeadLetter { class, note } => {
+                count("dead_lettered", Some(note));
+                let error = match &result {
+                    Err(e) if class == "exhausted" => {
+                        tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
+                            attempts = m.attempts + 1, "retries exhausted: dead-lettered");
+                        format!("after {} attempts: {e}", m.attempts + 1)
+                    }
+                    Err(e) => {
+                        // Its message may quote the payload: the DLQ entry
+                        // keeps it, the log keeps kind, code and constraint.
+                        tracing::warn!(source = %m.source, event_id = %m.event_id,
+                            error = %e.log_summary(), "permanent failure: dead-lettered");
+                        e.to_string()
+                    }
+                    Ok(_) => String::new(),
+                };
+                self.dead_letter(receipt, class, error);
+            }
+            Settle::Release { delay, note } => {
+                count("released", Some(note));
+                if let (Some(park), Err(e)) = (next.parked_for, &result) {
                     tracing::info!(key = ?key, park_ms = park.as_millis() as u64, error = %e,
                         "row lock: key parked, message released untried");
-                    self.release(receipt, park);
-                } else if !self.controller.gate().may_poll && job.probe.is_none() {
-                    // The breaker opened while this one ran: hand it back
-                    // untried. (A failed probe is what re-opened it: that
-                    // one counts an attempt below, so a message that always
-                    // fails cannot hold the fleet paused for ever.)
-                    count(
-                        "released",
-                        Some("the breaker opened meanwhile: back untried"),
-                    );
-                    self.release(receipt, Duration::ZERO);
-                } else if m.attempts + 1 >= self.settings.max_attempts
-                    && !self.controller.dependency_trouble()
-                {
-                    count("dead_lettered", Some("retries exhausted"));
-                    tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
-                        attempts = m.attempts + 1, "retries exhausted: dead-lettered");
-                    self.dead_letter(
-                        receipt,
-                        "exhausted",
-                        format!("after {} attempts: {e}", m.attempts + 1),
-                    );
-                } else {
-                    count("retried", None);
-                    let backoff = self.settings.backoff.delay(m.attempts, None, &mut self.rng);
-                    // A dependency that said when to come back (Retry-After)
-                    // is not asked sooner, within the backoff's cap.
-                    let delay = e.retry_after.map_or(backoff, |asked| {
-                        asked
-                            .max(backoff)
-                            .min(self.settings.backoff.cap.max(backoff))
-                    });
-                    let queue = Arc::clone(&self.queue);
-                    let error = e.to_string();
-                    self.settling.spawn(async move {
-                        if let Err(e) = queue.retry_later(&receipt, delay, &error).await {
-                            tracing::warn!(error = %e, "retry scheduling failed; the lease will expire");
-                        }
-                    });
                 }
+                self.release(receipt, delay);
+            }
+            Settle::Retry => {
+                count("retried", None);
+                let backoff = self.settings.backoff.delay(m.attempts, None, &mut self.rng);
+                let asked = failure.and_then(|e| e.retry_after);
+                // A dependency that said when to come back (Retry-After)
+                // is not asked sooner, within the backoff's cap.
+                let delay = asked.map_or(backoff, |asked| {
+                    asked
+                        .max(backoff)
+                        .min(self.settings.backoff.cap.max(backoff))
+                });
+                let queue = Arc::clone(&self.queue);
+                let error = failure.map(ToString::to_string).unwrap_or_default();
+                self.settling.spawn(async move {
+                    if let Err(e) = queue.retry_later(&receipt, delay, &error).await {
+                        tracing::warn!(error = %e, "retry scheduling failed; the lease will expire");
+                    }
+                });
             }
         }
         let may_start = self.controller.gate().may_poll;
