@@ -231,6 +231,34 @@ impl<A: ProbeAdmission> Breaker<A> {
         &self.cfg
     }
 
+    /// Whether the dependency looks like the trouble now, asked before a
+    /// message that keeps failing on it is dead-lettered for running out
+    /// of attempts (it is retried instead while this holds: the fault is
+    /// not the message's). Yes when the breaker is not closed, or the
+    /// failure ratio is at least half its threshold: judged as the signal
+    /// judges it, or, with fewer calls than `min_calls` in the window (low
+    /// traffic, or a node seeing a share of it), over the calls there are,
+    /// given at least two failures (more than the one being settled).
+    /// Without successes a database that is down cannot be told from a
+    /// message that fails alone, so at low traffic such a message retries
+    /// (at the backoff's cap) until other calls succeed around it. Never in
+    /// dry-run mode.
+    pub fn dependency_trouble(&self, now: Instant) -> bool {
+        if self.cfg.dry_run {
+            return false;
+        }
+        if self.state != State::Closed {
+            return true;
+        }
+        let (failures, calls) = self.outcomes.failure_counts(self.ms(now));
+        if calls == 0 {
+            return false;
+        }
+        let half = self.cfg.failure_ratio.threshold / 2.0;
+        let ratio = failures as f64 / calls as f64;
+        ratio >= half && (calls >= self.cfg.failure_ratio.min_calls || failures >= 2)
+    }
+
     /// The breaker's own state (the shadow state in dry-run mode).
     pub fn state(&self) -> State {
         self.state

@@ -55,24 +55,6 @@ pub struct BreakerStatus {
     pub dry_run: bool,
 }
 
-impl BreakerStatus {
-    /// Whether the database looks like the problem right now: the breaker
-    /// is not closed, or dependency failures are at least half of the
-    /// tripping ratio. While it is, a message that keeps failing on the
-    /// dependency is not dead-lettered for running out of attempts (the
-    /// fault is not the message's); it is retried later instead. Never in
-    /// dry-run mode (a dry-run breaker only reports).
-    pub fn dependency_trouble(&self) -> bool {
-        !self.dry_run
-            && (self.state != State::Closed
-                || self
-                    .signals
-                    .iter()
-                    .filter(|s| s.signal == SignalKind::FailureRatio)
-                    .any(|s| s.tripping || s.value.is_some_and(|v| v >= s.threshold / 2.0)))
-    }
-}
-
 /// One signal's reading.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]

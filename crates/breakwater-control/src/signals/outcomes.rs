@@ -232,6 +232,12 @@ impl OutcomeSignals {
         self.slow.clear();
     }
 
+    /// Dependency failures and calls over the failure window.
+    pub(crate) fn failure_counts(&self, now_ms: u64) -> (u64, u64) {
+        let b = self.failures.sum(now_ms);
+        (b.failures, b.calls)
+    }
+
     /// The failure ratio over the window, judged once the window holds
     /// the calls `evidence` asks for.
     pub(crate) fn failure_ratio(&self, now_ms: u64, evidence: Evidence) -> Reading {

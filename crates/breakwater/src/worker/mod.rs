@@ -651,8 +651,11 @@ impl Dispatcher {
                 });
             }
         }
-        let may_start = self.controller.gate().may_poll;
-        self.start_next(next, may_start);
+        // Half-open, only a probe may start (found by the simulator: a
+        // lane's next message started behind its key's probe, without a
+        // ticket); it goes back untried and may come again as a probe.
+        let gate = self.controller.gate();
+        self.start_next(next, gate.may_poll && !gate.probe_only);
     }
 
     /// Parks what other nodes of the fleet parked (their messages here go

@@ -70,8 +70,8 @@ pub enum Settle {
 }
 
 /// The settle decision. `dependency_trouble` (the database looks like the
-/// fault: [`breakwater_control::BreakerStatus::dependency_trouble`]) is
-/// asked only when the message has used its attempts.
+/// fault: [`breakwater_control::Breaker::dependency_trouble`]) is asked
+/// only when the message has used its attempts.
 pub fn decide(
     result: &Result<Applied, SinkError>,
     facts: &SettleFacts,

@@ -1,0 +1,258 @@
+//! Deterministic simulation of Breakwater's pipeline: the **real** control
+//! code (the breaker with its signals, ramp and adaptive limiter; the
+//! hot-key lanes; the settle decisions; probe admission) on simulated time,
+//! against a simulated queue with the contract's semantics and a simulated
+//! database whose outages, slowness, locked rows and poison follow a
+//! schedule drawn from a seed. One seed is one run; a failing seed replays
+//! exactly (`breakwater-sim --seed N`).
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`schedule`] | the fault schedule a seed draws |
+//! | [`queue`] | the simulated queue |
+//! | [`db`] | the simulated database and its inbox |
+//! | [`node`] | one worker process: the real control code driven as the dispatcher and controller drive it, and the promises checked at every step |
+//!
+//! Promises checked (a run that breaks one fails, with the time and what):
+//! - at every step: nothing starts while the gate is closed, nothing
+//!   starts half-open without a probe ticket, no node runs more than its
+//!   maximum, no more probes out than `max_probes`, no probe out past its
+//!   timeout while half-open, the limit never above the maximum;
+//! - at the end: every accepted message is applied (its effect exactly
+//!   once) or dead-lettered, none is lost; poison is never applied and
+//!   always dead-lettered; nothing healthy is dead-lettered
+//!   as `permanent`; a schedule of poison alone never opens a breaker;
+//!   every node's breaker is closed within [`recovery_bound_ms`] of the
+//!   last fault's end.
+
+pub mod db;
+pub mod node;
+pub mod queue;
+pub mod schedule;
+
+use std::time::Instant;
+
+use breakwater::config::Config;
+use breakwater_control::{BreakerConfig, State};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use node::{Broken, Node};
+use queue::{QState, SimQueue};
+use schedule::{Ms, Schedule, TRAFFIC_MS};
+
+/// A run ends once everything is settled, or at this time at the latest.
+pub const END_MS: Ms = TRAFFIC_MS + 120_000;
+
+/// How long after the last fault every breaker must be closed again: the
+/// longest cool-down, a probe timeout, the ramp, and 10 s of slack.
+pub fn recovery_bound_ms(config: &BreakerConfig) -> Ms {
+    config.cool_down.cap_ms
+        + config.half_open.probe_timeout_ms
+        + config.ramp.hold_ms * config.ramp.steps.len() as u64
+        + 10_000
+}
+
+/// What one seed did.
+#[derive(Debug)]
+pub struct Report {
+    pub schedule: Schedule,
+    pub accepted: usize,
+    pub applied: usize,
+    pub dead_permanent: usize,
+    pub dead_exhausted: usize,
+    /// Applies that committed on an event already in the inbox (no effect).
+    pub duplicates: u64,
+    pub transitions: usize,
+    pub probes: u64,
+    pub ended_ms: Ms,
+    /// Each node at the end: state, limit, applies running, messages held.
+    pub nodes: Vec<(State, u32, usize, usize)>,
+    /// Applies running at the end: message id, started, due to end.
+    pub running: Vec<(u32, Ms, Ms)>,
+    pub violations: Vec<Broken>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Runs `seed`.
+pub fn run(seed: u64) -> Report {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let schedule = Schedule::draw(seed, &mut rng);
+    let config = Config::default();
+    let breaker_config = config.breaker_config();
+    let settings = breakwater::serve::worker_settings(&config);
+    let base = Instant::now();
+    let mut nodes: Vec<Node> = (0..schedule.nodes)
+        .map(|i| {
+            Node::new(
+                i,
+                base,
+                &breaker_config,
+                &settings,
+                seed ^ (i as u64 + 1),
+                0,
+            )
+        })
+        .collect();
+    let mut queue = SimQueue::default();
+    let mut db = db::SimDb::default();
+    let mut violations = Vec::new();
+    let mut next_arrival: Ms = 0;
+    let mut last_step = vec![0; schedule.nodes];
+    let mut now: Ms = 0;
+    loop {
+        while next_arrival <= now && next_arrival < TRAFFIC_MS {
+            let key = rng
+                .random_bool(0.8)
+                .then(|| rng.random_range(0..schedule.keys));
+            let poison = schedule.poison > 0.0 && rng.random_bool(schedule.poison);
+            queue.enqueue(key, poison, next_arrival);
+            let rate = if schedule.in_burst(next_arrival) {
+                schedule.rate * 10
+            } else {
+                schedule.rate
+            };
+            next_arrival += (1_000 / u64::from(rate)).max(1);
+        }
+        for (i, node) in nodes.iter_mut().enumerate() {
+            if schedule.crashed_between(i, last_step[i], now) {
+                let restart = rng.random();
+                node.crash(&mut db, &mut rng, restart, now);
+            }
+            if schedule.node_runs(i, now) && node.next_event() <= now {
+                node.step(now, &schedule, &mut queue, &mut db, &mut violations);
+                last_step[i] = now;
+            }
+        }
+        if !violations.is_empty() {
+            break;
+        }
+        let idle = nodes.iter().all(|n| n.running() == 0 && n.held() == 0);
+        if (now >= TRAFFIC_MS && queue.unsettled() == 0 && idle) || now >= END_MS {
+            break;
+        }
+        let next_node = nodes.iter().map(Node::next_event).min().unwrap_or(Ms::MAX);
+        let arrival = if next_arrival < TRAFFIC_MS {
+            next_arrival
+        } else {
+            Ms::MAX
+        };
+        now = next_node.min(arrival).max(now + 1);
+    }
+    finish(
+        schedule,
+        &breaker_config,
+        &nodes,
+        &queue,
+        &db,
+        violations,
+        now,
+    )
+}
+
+/// The end-of-run promises.
+fn finish(
+    schedule: Schedule,
+    config: &BreakerConfig,
+    nodes: &[Node],
+    queue: &SimQueue,
+    db: &db::SimDb,
+    mut violations: Vec<Broken>,
+    now: Ms,
+) -> Report {
+    let mut report = Report {
+        accepted: queue.msgs.len(),
+        applied: 0,
+        dead_permanent: 0,
+        dead_exhausted: 0,
+        duplicates: 0,
+        transitions: nodes.iter().map(|n| n.transitions.len()).sum(),
+        probes: nodes.iter().map(|n| n.probes_admitted).sum(),
+        ended_ms: now,
+        nodes: nodes
+            .iter()
+            .map(|n| (n.breaker.state(), n.breaker.limit(), n.running(), n.held()))
+            .collect(),
+        running: nodes.iter().flat_map(Node::running_applies).collect(),
+        violations: Vec::new(),
+        schedule,
+    };
+    if !violations.is_empty() {
+        // The run stopped at its first broken promise.
+        report.violations = violations;
+        return report;
+    }
+    let mut broke = |what: String| violations.push(Broken { at: now, what });
+    for m in &queue.msgs {
+        let effects = db.effects.get(m.id as usize).copied().unwrap_or(0);
+        match m.state {
+            QState::Queued => broke(format!(
+                "message {} not settled {} s after the traffic ended (lost or stuck; attempts {}, receives {})",
+                m.id,
+                (now.saturating_sub(TRAFFIC_MS)) / 1000,
+                m.attempts,
+                m.receives
+            )),
+            QState::Acked => {
+                report.applied += 1;
+                if effects != 1 {
+                    broke(format!("message {} acked with {effects} effects", m.id));
+                }
+            }
+            QState::Dead(class) => {
+                if class == "permanent" {
+                    report.dead_permanent += 1;
+                    if !m.poison {
+                        broke(format!(
+                            "healthy message {} dead-lettered as permanent",
+                            m.id
+                        ));
+                    }
+                } else {
+                    report.dead_exhausted += 1;
+                }
+            }
+        }
+        // Poison that never reached the database (every attempt failed on
+        // the dependency first) may end exhausted; never applied.
+        if m.poison && !matches!(m.state, QState::Dead(_)) {
+            broke(format!("poison message {} ended {:?}", m.id, m.state));
+        }
+    }
+    report.duplicates = db.commits - db.effects.iter().map(|&e| u64::from(e)).sum::<u64>();
+    if report.schedule.poison_only() {
+        for n in nodes {
+            if let Some((at, ..)) = n.transitions.iter().find(|(_, _, to)| *to == State::Open) {
+                broke(format!(
+                    "node {} opened at {at} ms on poison alone",
+                    n.index
+                ));
+            }
+        }
+    }
+    let deadline = report.schedule.faults_end() + recovery_bound_ms(config);
+    if deadline < now {
+        for n in nodes {
+            let state = n
+                .transitions
+                .iter()
+                .rev()
+                .find(|(at, ..)| *at <= deadline)
+                .map_or(State::Closed, |(_, _, to)| *to);
+            if state != State::Closed {
+                broke(format!(
+                    "node {} still {state} at {deadline} ms, {} ms after the last fault ended",
+                    n.index,
+                    recovery_bound_ms(config)
+                ));
+            }
+        }
+    }
+    report.violations = violations;
+    report
+}
