@@ -13,6 +13,10 @@ use crate::schedule::{DbFault, Ms, Schedule};
 pub const LOCK_TIMEOUT_MS: Ms = 500;
 pub const STATEMENT_TIMEOUT_MS: Ms = 3_000;
 pub const CONNECT_TIMEOUT_MS: Ms = 1_000;
+/// The PostgreSQL sink's client-side deadline for a transaction of one
+/// statement (statement timeout x 4 round trips + 1 s): a database that
+/// answers nothing is given up on then.
+pub const CLIENT_DEADLINE_MS: Ms = STATEMENT_TIMEOUT_MS * 4 + 1_000;
 /// An apply's own time on a healthy database.
 pub const BASE_MS: Ms = 3;
 
@@ -40,8 +44,11 @@ pub fn plan(schedule: &Schedule, key: Option<u32>, poison: bool, now: Ms) -> Pla
     };
     match schedule.db_fault(now) {
         Some(DbFault::Down) => return fail(CONNECT_TIMEOUT_MS.min(50), "connection", false),
-        Some(DbFault::Flapping { period_ms }) if (now / period_ms) % 2 == 0 => {
+        Some(DbFault::Flapping { period_ms }) if (now / period_ms).is_multiple_of(2) => {
             return fail(20, "connection", false);
+        }
+        Some(DbFault::Blackhole) => {
+            return fail(CLIENT_DEADLINE_MS, "statement_timeout", false);
         }
         _ => {}
     }

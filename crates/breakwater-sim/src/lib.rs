@@ -79,6 +79,85 @@ impl Report {
     }
 }
 
+/// What a batch of seeds did.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub seeds: u64,
+    pub accepted: usize,
+    pub dead_permanent: usize,
+    pub dead_exhausted: usize,
+    pub duplicates: u64,
+    pub transitions: usize,
+    /// Seeds that broke a promise, with the first one broken.
+    pub failed: Vec<(u64, Broken)>,
+}
+
+/// Runs seeds `start..start + count` on `threads` threads.
+pub fn run_many(start: u64, count: u64, threads: usize) -> Batch {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = AtomicU64::new(start);
+    let end = start.saturating_add(count);
+    let batch = Mutex::new(Batch {
+        seeds: end - start,
+        ..Batch::default()
+    });
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        break;
+                    }
+                    let r = run(seed);
+                    let mut b = batch
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    b.accepted += r.accepted;
+                    b.dead_permanent += r.dead_permanent;
+                    b.dead_exhausted += r.dead_exhausted;
+                    b.duplicates += r.duplicates;
+                    b.transitions += r.transitions;
+                    if let Some(first) = r.violations.into_iter().next() {
+                        b.failed.push((seed, first));
+                    }
+                }
+            });
+        }
+    });
+    let mut batch = batch
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    batch.failed.sort_by_key(|(seed, _)| *seed);
+    batch
+}
+
+impl std::fmt::Display for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} seeds: {} webhooks accepted, {} dead-lettered as poison, {} exhausted, {} duplicate \
+             applies (no effect), {} breaker transitions; {} seed(s) broke a promise",
+            self.seeds,
+            self.accepted,
+            self.dead_permanent,
+            self.dead_exhausted,
+            self.duplicates,
+            self.transitions,
+            self.failed.len()
+        )?;
+        for (seed, broken) in self.failed.iter().take(20) {
+            write!(
+                f,
+                "\n  seed {seed} at {} ms: {}\n    replay: cargo run -p breakwater-sim --release -- --seed {seed}",
+                broken.at, broken.what
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs `seed`.
 pub fn run(seed: u64) -> Report {
     let mut rng = SmallRng::seed_from_u64(seed);

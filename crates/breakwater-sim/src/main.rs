@@ -3,8 +3,7 @@
 //! the command that replays it.
 
 use std::process::ExitCode;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use clap::Parser;
@@ -59,70 +58,19 @@ fn main() -> ExitCode {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let started = Instant::now();
-    let next = AtomicU64::new(args.start);
-    let end = args.start.saturating_add(args.seeds);
-    let failed = Mutex::new(Vec::new());
-    let (accepted, dead, exhausted, duplicates, transitions) = (
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-        AtomicU64::new(0),
-        AtomicUsize::new(0),
-    );
-    std::thread::scope(|s| {
-        for _ in 0..threads.max(1) {
-            s.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= end {
-                        break;
-                    }
-                    let r = breakwater_sim::run(seed);
-                    accepted.fetch_add(r.accepted, Ordering::Relaxed);
-                    dead.fetch_add(r.dead_permanent, Ordering::Relaxed);
-                    exhausted.fetch_add(r.dead_exhausted, Ordering::Relaxed);
-                    duplicates.fetch_add(r.duplicates, Ordering::Relaxed);
-                    transitions.fetch_add(r.transitions, Ordering::Relaxed);
-                    if !r.passed() {
-                        let first = r
-                            .violations
-                            .first()
-                            .map(|v| format!("at {} ms: {}", v.at, v.what));
-                        failed
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push((seed, first.unwrap_or_default()));
-                    }
-                }
-            });
-        }
-    });
-    let mut failed = failed
-        .into_inner()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    failed.sort();
+    let batch = breakwater_sim::run_many(args.start, args.seeds, threads);
     println!(
-        "seeds {}..{}: {} run in {:.1} s on {threads} thread(s); {} webhooks accepted, {} dead-lettered as poison, {} exhausted, {} duplicate applies (no effect), {} breaker transitions",
+        "seeds {}..{} in {:.1} s on {threads} thread(s)",
         args.start,
-        end,
-        end - args.start,
-        started.elapsed().as_secs_f64(),
-        accepted.into_inner(),
-        dead.into_inner(),
-        exhausted.into_inner(),
-        duplicates.into_inner(),
-        transitions.into_inner()
+        args.start.saturating_add(args.seeds),
+        started.elapsed().as_secs_f64()
     );
-    if failed.is_empty() {
-        println!("every seed kept every promise");
-        return ExitCode::SUCCESS;
+    println!("{batch}");
+    if batch.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
-    println!("{} seed(s) broke a promise:", failed.len());
-    for (seed, what) in failed.iter().take(20) {
-        println!("  seed {seed} {what}");
-        println!("    replay: cargo run -p breakwater-sim --release -- --seed {seed}");
-    }
-    ExitCode::FAILURE
 }
 
 fn print_report(seed: u64, r: &breakwater_sim::Report) {

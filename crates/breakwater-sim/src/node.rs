@@ -106,7 +106,7 @@ impl Node {
             config: config.clone(),
             settings: settings.clone(),
             breaker,
-            lanes: Lanes::new(settings.lanes.clone()),
+            lanes: Lanes::new(settings.lanes),
             contention: KeyContention::default(),
             failure_kinds: VecDeque::new(),
             early_half_open_used: false,
@@ -267,8 +267,10 @@ impl Node {
             at,
         );
         let reachable = match schedule.db_fault(now) {
-            Some(crate::schedule::DbFault::Down) => false,
-            Some(crate::schedule::DbFault::Flapping { period_ms }) => (now / period_ms) % 2 == 1,
+            Some(crate::schedule::DbFault::Down | crate::schedule::DbFault::Blackhole) => false,
+            Some(crate::schedule::DbFault::Flapping { period_ms }) => {
+                !(now / period_ms).is_multiple_of(2)
+            }
             _ => true,
         };
         if reachable {

@@ -38,6 +38,9 @@ pub enum DbFault {
     Slow { extra_ms: Ms },
     /// Down and up by turns, `period_ms` each.
     Flapping { period_ms: Ms },
+    /// Connections accepted, nothing answered (a network blackhole): a
+    /// call ends at the sink's client-side deadline.
+    Blackhole,
 }
 
 /// One fault schedule.
@@ -91,8 +94,9 @@ impl Schedule {
         };
         let mut db = Vec::new();
         for _ in 0..rng.random_range(0..=2) {
-            let fault = match rng.random_range(0..3) {
+            let fault = match rng.random_range(0..4) {
                 0 => DbFault::Down,
+                3 => DbFault::Blackhole,
                 1 => DbFault::Slow {
                     extra_ms: *[20, 200, 1_000, 4_000]
                         .get(rng.random_range(0..4))

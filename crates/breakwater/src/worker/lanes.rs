@@ -3,6 +3,8 @@
 //!
 //! Pure logic, no I/O, time injected: the dispatcher asks [`Lanes::admit`]
 //! for every claimed message and reports with [`Lanes::finish`].
+//! Ordered maps, not hash maps: the same calls give the same answers in
+//! every process, so a simulation seed (`breakwater-sim`) replays exactly.
 //!
 //! # Why
 //!
@@ -28,7 +30,7 @@
 //! - every item handed to `admit` comes back exactly once: as `Run`, as
 //!   `Release`, or later from `finish` / `drain`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// What to do with an admitted message.
@@ -132,20 +134,20 @@ pub use breakwater_admin_api::ParkedKey;
 #[derive(Debug)]
 pub struct Lanes<T> {
     settings: LaneSettings,
-    running: HashMap<String, u32>,
-    waiting: HashMap<String, VecDeque<T>>,
+    running: BTreeMap<String, u32>,
+    waiting: BTreeMap<String, VecDeque<T>>,
     held: usize,
-    parked: HashMap<String, Park>,
+    parked: BTreeMap<String, Park>,
 }
 
 impl<T> Lanes<T> {
     pub fn new(settings: LaneSettings) -> Self {
         Self {
             settings,
-            running: HashMap::new(),
-            waiting: HashMap::new(),
+            running: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             held: 0,
-            parked: HashMap::new(),
+            parked: BTreeMap::new(),
         }
     }
 
@@ -415,7 +417,10 @@ impl<T> Lanes<T> {
     /// Takes every waiting message out (breaker opened, or shutdown).
     pub fn drain(&mut self) -> Vec<T> {
         self.held = 0;
-        self.waiting.drain().flat_map(|(_, q)| q).collect()
+        std::mem::take(&mut self.waiting)
+            .into_values()
+            .flatten()
+            .collect()
     }
 
     /// Keys parked now.
