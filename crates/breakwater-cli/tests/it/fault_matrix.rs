@@ -1,0 +1,455 @@
+//! The fault matrix: the real binary against real services started for
+//! it, one fault per row, and a table: webhooks sent, accepted (2xx),
+//! applied, dead-lettered, lost, duplicate effects, time to recover (from
+//! the fault's end until every accepted webhook is settled). Every row must
+//! lose nothing and apply nothing twice in effect.
+//!
+//! The effect of each event is counted in the database itself: the
+//! source's statement increments `effects.n` for its event id, so a second
+//! run of the statements shows as `n = 2` whatever the inbox says.
+//!
+//! Minutes, not seconds, so it is `#[ignore]`d in the suite:
+//! `scripts/fault-matrix.sh` runs it (or `cargo test -p breakwater-cli
+//! --test it -- --ignored --nocapture fault_matrix`).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+
+use crate::own_pg::OwnPostgres;
+use crate::utils::*;
+
+const EFFECTS: &str =
+    "CREATE TABLE IF NOT EXISTS effects (event_id text PRIMARY KEY, n int NOT NULL)";
+
+/// The sink and one statement that counts effects per event.
+fn sink(url: &str) -> String {
+    format!(
+        r#"
+[sink]
+url = "{url}"
+lock_timeout_ms = 500
+statement_timeout_ms = 3000
+pool_max = 8
+acquire_timeout_ms = 1000
+
+[workers]
+max_concurrency = 8
+max_attempts = 10
+
+[[source.statement]]
+sql = "INSERT INTO effects (event_id, n) VALUES ($event_id, 1) ON CONFLICT (event_id) DO UPDATE SET n = effects.n + 1"
+"#
+    )
+}
+
+/// One row of the table.
+#[derive(Debug, Default)]
+struct Row {
+    fault: String,
+    sent: usize,
+    accepted: usize,
+    applied: usize,
+    dead: usize,
+    lost: usize,
+    duplicates: usize,
+    recover: Option<Duration>,
+    note: String,
+}
+
+impl Row {
+    fn line(&self) -> String {
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            self.fault,
+            self.sent,
+            self.accepted,
+            self.applied,
+            self.dead,
+            self.lost,
+            self.duplicates,
+            self.recover.map_or_else(
+                || "not settled".to_owned(),
+                |d| format!("{:.1} s", d.as_secs_f64())
+            ),
+            self.note
+        )
+    }
+}
+
+/// Where the ingress is now (a restarted server listens elsewhere).
+type Target = Arc<Mutex<(String, String)>>;
+
+fn target(server: &Server) -> Target {
+    Arc::new(Mutex::new((
+        server.url("/webhooks/stripe"),
+        server.admin_url(""),
+    )))
+}
+
+fn set_target(t: &Target, server: &Server) {
+    *t.lock().expect("target") = (server.url("/webhooks/stripe"), server.admin_url(""));
+}
+
+/// Sends `n` webhooks at `per_sec`, each with a unique event id and
+/// `pad` bytes of filler; the ids answered 2xx, and how many got 503.
+async fn burst(
+    http: Http,
+    t: Target,
+    prefix: &'static str,
+    n: usize,
+    per_sec: u64,
+    pad: usize,
+) -> (Vec<String>, usize) {
+    let mut tasks = Vec::with_capacity(n);
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / per_sec));
+    for i in 0..n {
+        tick.tick().await;
+        let (http, url) = (http.clone(), t.lock().expect("target").0.clone());
+        tasks.push(tokio::spawn(async move {
+            let event_id = format!("{prefix}_{i}");
+            let body = serde_json::to_vec(&serde_json::json!({
+                "id": event_id,
+                "type": "order.updated",
+                "data": {"object": {"id": i, "pad": "x".repeat(pad)}}
+            }))
+            .expect("json");
+            let headers = stripe_headers(&body, unix_now());
+            let sent = tokio::time::timeout(
+                Duration::from_secs(10),
+                http.send(http::Method::POST, &url, &headers, body),
+            )
+            .await;
+            match sent {
+                Ok(Ok(a)) if a.status.is_success() => (Some(event_id), false),
+                Ok(Ok(a)) => (None, a.status == StatusCode::SERVICE_UNAVAILABLE),
+                _ => (None, false),
+            }
+        }));
+    }
+    let (mut ids, mut busy) = (Vec::new(), 0);
+    for task in tasks {
+        match task.await.expect("task") {
+            (Some(id), _) => ids.push(id),
+            (None, true) => busy += 1,
+            (None, false) => {}
+        }
+    }
+    (ids, busy)
+}
+
+/// Dead-lettered event ids, every page, through the admin API.
+async fn dead_letters(http: &Http, admin: &str) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let url = match &after {
+            Some(a) => format!("{admin}/dlq?limit=1000&after={a}"),
+            None => format!("{admin}/dlq?limit=1000"),
+        };
+        let page = http.get(&url).await.json();
+        for d in page["items"].as_array().into_iter().flatten() {
+            if let Some(id) = d["event_id"].as_str() {
+                ids.insert(id.to_owned());
+            }
+        }
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => return ids,
+        }
+    }
+}
+
+/// Waits (up to `limit`) until every accepted webhook is applied or
+/// dead-lettered, then fills the row's counts.
+async fn settle(
+    row: &mut Row,
+    http: &Http,
+    db: &tokio_postgres::Client,
+    t: &Target,
+    accepted: &[String],
+    fault_end: Instant,
+    limit: Duration,
+) {
+    let accepted: HashSet<&str> = accepted.iter().map(String::as_str).collect();
+    row.accepted = accepted.len();
+    let deadline = Instant::now() + limit;
+    loop {
+        let rows = db
+            .query("SELECT event_id, n FROM effects", &[])
+            .await
+            .expect("read effects");
+        let effects: Vec<(String, i32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let admin = t.lock().expect("target").1.clone();
+        let dead = dead_letters(http, &admin).await;
+        let applied: HashSet<&str> = effects.iter().map(|(id, _)| id.as_str()).collect();
+        let missing = accepted
+            .iter()
+            .filter(|id| !applied.contains(*id) && !dead.contains(**id))
+            .count();
+        row.applied = applied.len();
+        row.dead = dead.len();
+        row.lost = missing;
+        row.duplicates = effects.iter().filter(|(_, n)| *n > 1).count();
+        if missing == 0 {
+            row.recover = Some(fault_end.elapsed());
+            return;
+        }
+        if Instant::now() > deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A sandbox serving a fresh `effects` table on `pg`, started.
+async fn on_own_pg(pg: &OwnPostgres) -> (Sandbox, Server, tokio_postgres::Client) {
+    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test's own PostgreSQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    db.batch_execute(&format!("DROP TABLE IF EXISTS effects; {EFFECTS}"))
+        .await
+        .expect("effects");
+    let sandbox = Sandbox::new(&sink(&pg.url("postgres")));
+    let server = sandbox.start();
+    (sandbox, server, db)
+}
+
+/// The test's own PostgreSQL restarted (`pg_ctl restart -m fast`) while
+/// 100 webhooks a second arrive.
+async fn postgres_restarted(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let (_sandbox, server, _) = on_own_pg(&pg).await;
+    let t = target(&server);
+    let mut row = Row {
+        fault: "PostgreSQL restarted (`pg_ctl restart -m fast`) mid-burst".into(),
+        sent: 1000,
+        ..Row::default()
+    };
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(&t),
+        "evt_restart",
+        1000,
+        100,
+        0,
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.restart_fast();
+        pg
+    })
+    .await
+    .expect("restart");
+    let fault_end = Instant::now();
+    let (accepted, _) = sender.await.expect("burst");
+    // The restart closed the test's own session too.
+    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("reconnect");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    settle(
+        &mut row,
+        http,
+        &db,
+        &t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    row
+}
+
+/// The test's own PostgreSQL stopped for 20 s under 40 webhooks a second.
+async fn postgres_stopped(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let (_sandbox, server, _) = on_own_pg(&pg).await;
+    let t = target(&server);
+    let mut row = Row {
+        fault: "PostgreSQL stopped for 20 s".into(),
+        sent: 1000,
+        ..Row::default()
+    };
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(&t),
+        "evt_stopped",
+        1000,
+        40,
+        0,
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.stop();
+        std::thread::sleep(Duration::from_secs(20));
+        pg.resume();
+        pg
+    })
+    .await
+    .expect("stop and start");
+    let fault_end = Instant::now();
+    let (accepted, _) = sender.await.expect("burst");
+    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("reconnect");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    settle(
+        &mut row,
+        http,
+        &db,
+        &t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    row
+}
+
+/// Breakwater itself killed with SIGKILL mid-burst and started again on
+/// its store, ten times.
+async fn breakwater_killed(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let (sandbox, mut server, db) = on_own_pg(&pg).await;
+    let t = target(&server);
+    let mut row = Row {
+        fault: "Breakwater killed (SIGKILL) mid-burst and restarted, 10 times".into(),
+        sent: 1500,
+        ..Row::default()
+    };
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(&t),
+        "evt_killed",
+        1500,
+        60,
+        0,
+    ));
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        server.kill9();
+        server = sandbox.start();
+        set_target(&t, &server);
+    }
+    let fault_end = Instant::now();
+    let (accepted, _) = sender.await.expect("burst");
+    settle(
+        &mut row,
+        http,
+        &db,
+        &t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    row
+}
+
+/// The embedded queue's filesystem full (a 3 MiB tmpfs) under 2 KiB
+/// webhooks, then grown.
+async fn disk_full(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    db.batch_execute(EFFECTS).await.expect("effects");
+    let mount = tempfile::tempdir().expect("mount point");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(mount.path())
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mounting a tmpfs needs root");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.path().to_owned());
+    let sandbox = Sandbox::with_queue(
+        &format!(
+            "[queue]\npath = \"{}\"\n",
+            mount.path().join("queue").display()
+        ),
+        &sink(&pg.url("postgres")),
+    );
+    let server = sandbox.start();
+    let t = target(&server);
+    let mut row = Row {
+        fault: "the embedded queue's disk full (3 MiB tmpfs), then grown".into(),
+        sent: 3000,
+        ..Row::default()
+    };
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(&t),
+        "evt_full",
+        3000,
+        200,
+        2000,
+    ));
+    // Full long before the burst ends; grown halfway through it.
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+    let grown = std::process::Command::new("mount")
+        .args(["-o", "remount,size=256m"])
+        .arg(mount.path())
+        .status()
+        .expect("remount");
+    assert!(grown.success());
+    let fault_end = Instant::now();
+    let (accepted, busy) = sender.await.expect("burst");
+    row.note = format!("{busy} answered 503 while full");
+    settle(
+        &mut row,
+        http,
+        &db,
+        &t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    drop(server);
+    row
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long: scripts/fault-matrix.sh runs it"]
+async fn fault_matrix() {
+    let http = Http::default();
+    let rows = vec![
+        postgres_restarted(&http).await,
+        postgres_stopped(&http).await,
+        breakwater_killed(&http).await,
+        disk_full(&http).await,
+    ];
+    println!();
+    println!(
+        "| fault | sent | accepted | applied | dead-lettered | lost | duplicate effects | recovered | |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!("{}", r.line());
+    }
+    for r in &rows {
+        assert_eq!(r.lost, 0, "{}: lost webhooks", r.fault);
+        assert_eq!(r.duplicates, 0, "{}: effects applied twice", r.fault);
+        assert!(r.recover.is_some(), "{}: not settled", r.fault);
+        assert!(r.accepted > 0, "{}: nothing accepted", r.fault);
+    }
+}
