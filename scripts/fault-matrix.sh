@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The fault matrix (not part of the unit suite; about 3 minutes): the real
+# The fault matrix (not part of the unit suite; about 2 minutes): the real
 # binary against services started for it (a PostgreSQL cluster of its own,
-# initdb'd on its own port, never the machine's shared one; a tmpfs under
-# the embedded queue), one fault per row, and a table of webhooks sent,
+# initdb'd on its own port, never the machine's shared one; a nats-server
+# and a redis-server of its own; a tmpfs under the embedded queue), one
+# fault per row, and a table of webhooks sent,
 # accepted, applied, dead-lettered, lost, duplicate effects and time to
 # recover. Fails when a row loses a webhook or applies one twice.
 #

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
+use crate::fleet::OwnRedis;
+use crate::nats::{OwnNats, QueueName};
 use crate::own_pg::OwnPostgres;
 use crate::utils::*;
 
@@ -206,15 +208,7 @@ async fn settle(
 
 /// A sandbox serving a fresh `effects` table on `pg`, started.
 async fn on_own_pg(pg: &OwnPostgres) -> (Sandbox, Server, tokio_postgres::Client) {
-    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test's own PostgreSQL");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    db.batch_execute(&format!("DROP TABLE IF EXISTS effects; {EFFECTS}"))
-        .await
-        .expect("effects");
+    let db = effects_db(pg).await;
     let sandbox = Sandbox::new(&sink(&pg.url("postgres")));
     let server = sandbox.start();
     (sandbox, server, db)
@@ -360,13 +354,7 @@ async fn breakwater_killed(http: &Http) -> Row {
 /// webhooks, then grown.
 async fn disk_full(http: &Http) -> Row {
     let pg = OwnPostgres::start();
-    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    db.batch_execute(EFFECTS).await.expect("effects");
+    let db = effects_db(&pg).await;
     let mount = tempfile::tempdir().expect("mount point");
     let mounted = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
@@ -428,6 +416,118 @@ async fn disk_full(http: &Http) -> Row {
     row
 }
 
+/// The test's own NATS JetStream server killed mid-burst and started
+/// again 5 s later on its store.
+async fn broker_restarted(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let db = effects_db(&pg).await;
+    let mut nats = OwnNats::start();
+    let queue = QueueName::new(&nats.url());
+    let sandbox = Sandbox::with_queue(
+        &format!("{}request_timeout_ms = 500\n", queue.toml()),
+        &sink(&pg.url("postgres")),
+    );
+    let server = sandbox.start();
+    let t = target(&server);
+    let mut row = Row {
+        fault: "NATS JetStream broker killed mid-burst, back 5 s later".into(),
+        sent: 1000,
+        ..Row::default()
+    };
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(&t),
+        "evt_broker",
+        1000,
+        100,
+        0,
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    nats.kill();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    nats.restart();
+    let fault_end = Instant::now();
+    let (accepted, busy) = sender.await.expect("burst");
+    row.note = format!("{busy} answered 503 while it was away");
+    settle(
+        &mut row,
+        http,
+        &db,
+        &t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    drop(server);
+    row
+}
+
+/// The fleet store (a redis-server of the test's own) killed mid-burst
+/// and started again, empty, 5 s later; the queue on the machine's NATS.
+async fn redis_restarted(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let db = effects_db(&pg).await;
+    let mut redis = OwnRedis::start();
+    let queue = QueueName::new("nats://127.0.0.1:4222");
+    let sandbox = Sandbox::with_queue(
+        &queue.toml(),
+        &format!(
+            "[fleet]\nredis_url = \"{}\"\nprefix = \"bwfm_{}\"\n{}",
+            redis.url(),
+            std::process::id(),
+            sink(&pg.url("postgres"))
+        ),
+    );
+    let server = sandbox.start();
+    let t = target(&server);
+    let mut row = Row {
+        fault: "Redis (the fleet's store) killed mid-burst, back empty 5 s later".into(),
+        sent: 1000,
+        ..Row::default()
+    };
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(&t),
+        "evt_redis",
+        1000,
+        100,
+        0,
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    redis.restart();
+    let fault_end = Instant::now();
+    let (accepted, _) = sender.await.expect("burst");
+    settle(
+        &mut row,
+        http,
+        &db,
+        &t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    drop(server);
+    row
+}
+
+/// A fresh `effects` table on `pg`.
+async fn effects_db(pg: &OwnPostgres) -> tokio_postgres::Client {
+    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test's own PostgreSQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    db.batch_execute(&format!("DROP TABLE IF EXISTS effects; {EFFECTS}"))
+        .await
+        .expect("effects");
+    db
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long: scripts/fault-matrix.sh runs it"]
 async fn fault_matrix() {
@@ -437,6 +537,8 @@ async fn fault_matrix() {
         postgres_stopped(&http).await,
         breakwater_killed(&http).await,
         disk_full(&http).await,
+        broker_restarted(&http).await,
+        redis_restarted(&http).await,
     ];
     println!();
     println!(

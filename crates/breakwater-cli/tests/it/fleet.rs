@@ -39,13 +39,13 @@ fn unique_prefix() -> String {
 }
 
 /// A redis-server of the test's own, on a free port, in memory.
-struct OwnRedis {
+pub(crate) struct OwnRedis {
     port: u16,
     child: Option<Child>,
 }
 
 impl OwnRedis {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -55,12 +55,12 @@ impl OwnRedis {
         r
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
     /// Starts it (again) on its port.
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no"])
@@ -79,7 +79,7 @@ impl OwnRedis {
     }
 
     /// SIGKILL: Redis gone, its data with it.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -88,7 +88,7 @@ impl OwnRedis {
 
     /// Commands the server has run, every kind summed (`INFO
     /// commandstats`, which counts the commands a script runs as well).
-    fn commands(&self) -> u64 {
+    pub(crate) fn commands(&self) -> u64 {
         let client = redis::Client::open(self.url()).expect("url");
         let mut c = client.get_connection().expect("connect");
         let info: String = redis::cmd("INFO")

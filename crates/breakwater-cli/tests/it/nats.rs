@@ -23,13 +23,13 @@ fn nats_url() -> String {
 }
 
 /// A queue name of its own on a NATS server, its streams removed on drop.
-struct QueueName {
+pub(crate) struct QueueName {
     url: String,
     name: String,
 }
 
 impl QueueName {
-    fn new(url: &str) -> Self {
+    pub(crate) fn new(url: &str) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         Self {
             url: url.to_owned(),
@@ -42,7 +42,7 @@ impl QueueName {
     }
 
     /// The `[queue]` table for it.
-    fn toml(&self) -> String {
+    pub(crate) fn toml(&self) -> String {
         format!(
             "[queue]\nbackend = \"nats\"\nurl = \"{}\"\nname = \"{}\"\nlease_ms = 10000\n",
             self.url, self.name
@@ -121,14 +121,14 @@ async fn while_the_breaker_is_open_jetstream_delivers_nothing() {
 }
 
 /// A NATS server of this test's own, on its own port and store.
-struct OwnNats {
+pub(crate) struct OwnNats {
     child: Child,
     port: u16,
     store: tempfile::TempDir,
 }
 
 impl OwnNats {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -138,7 +138,7 @@ impl OwnNats {
         Self { child, port, store }
     }
 
-    fn spawn(port: u16, store: &std::path::Path) -> Child {
+    pub(crate) fn spawn(port: u16, store: &std::path::Path) -> Child {
         let child = Command::new("nats-server")
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(store)
@@ -156,16 +156,16 @@ impl OwnNats {
         child
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.child = Self::spawn(self.port, self.store.path());
     }
 }
