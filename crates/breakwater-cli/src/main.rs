@@ -309,6 +309,9 @@ enum BenchCommand {
     /// Workers forwarding a backlog to an HTTP service vs a load generator
     /// driving the same service.
     Forward(breakwater_lab::bench::forward::ForwardBenchArgs),
+    /// A steady stream of signed Stripe-style webhooks against a running
+    /// service (open loop), its counts every minute: a soak's load.
+    Send(breakwater_lab::bench::send::SendArgs),
 }
 
 fn main() -> ExitCode {
@@ -535,6 +538,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let report =
                 runtime()?.block_on(breakwater_lab::bench::drain::run_drain_bench(&args))?;
             outp!("{report}");
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Send(args),
+        } => {
+            let (sent, accepted, refused) =
+                runtime()?.block_on(breakwater_lab::bench::send::run_send(&args))?;
+            outln!("sent {sent}, accepted {accepted}, refused {refused}");
             Ok(())
         }
         Command::Bench {

@@ -68,6 +68,7 @@ pub mod drain;
 pub mod floor;
 pub mod forward;
 pub mod load;
+pub mod send;
 pub mod threads;
 
 use std::fmt;
