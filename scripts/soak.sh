@@ -70,7 +70,7 @@ for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null 
 curl -sf "http://127.0.0.1:$ADMIN/healthz" >/dev/null || { cat "$DIR/serve.log" >&2; exit 1; }
 say "soak: $MINUTES min at $RATE/s, a fault every $FAULT_EVERY s (pid $SERVE, data $DIR)"
 
-"$BIN" bench send --url "http://127.0.0.1:$INGRESS/webhooks/stripe" --secret "$SECRET" \
+BREAKWATER_SEND_SECRET="$SECRET" "$BIN" bench send --url "http://127.0.0.1:$INGRESS/webhooks/stripe" \
   --rate "$RATE" --duration $((MINUTES * 60)) --hot-share 0.02 --tag "soak$$" \
   >"$DIR/send.out" 2>"$DIR/send.log" &
 SEND=$!

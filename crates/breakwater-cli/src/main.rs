@@ -251,26 +251,7 @@ enum BreakerCommand {
 #[derive(Debug, Subcommand)]
 enum DlqCommand {
     /// Dead-lettered messages, oldest first.
-    List {
-        /// At most this many.
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        /// Start after this id (the last of the previous page).
-        #[arg(long)]
-        after: Option<String>,
-        /// Only this source's.
-        #[arg(long)]
-        source: Option<String>,
-        /// Only this class's: `permanent` or `exhausted`.
-        #[arg(long)]
-        class: Option<String>,
-        /// Only this event id's.
-        #[arg(long)]
-        event_id: Option<String>,
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    List(DlqListArgs),
     /// One dead-lettered message with its body.
     Show {
         /// The message's id, as `dlq list` shows it.
@@ -298,6 +279,55 @@ enum DlqCommand {
         #[arg(long, conflicts_with = "ids")]
         all: bool,
     },
+}
+
+/// `dlq list`.
+#[derive(Debug, clap::Args)]
+struct DlqListArgs {
+    /// At most this many.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+    /// Start after this id (the last of the previous page).
+    #[arg(long)]
+    after: Option<String>,
+    /// Only this source's.
+    #[arg(long)]
+    source: Option<String>,
+    /// Only this class's: `permanent` or `exhausted`.
+    #[arg(long)]
+    class: Option<String>,
+    /// Only this event id's.
+    #[arg(long)]
+    event_id: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl DlqListArgs {
+    fn filter(&self) -> DlqFilter {
+        DlqFilter {
+            source: self.source.clone(),
+            class: self.class.clone(),
+            event_id: self.event_id.clone(),
+        }
+    }
+
+    /// `GET /dlq` with these arguments.
+    fn path(&self) -> String {
+        let mut path = format!("/dlq?limit={}", self.limit);
+        for (key, value) in [
+            ("after", &self.after),
+            ("source", &self.source),
+            ("class", &self.class),
+            ("event_id", &self.event_id),
+        ] {
+            if let Some(v) = value {
+                path.push_str(&format!("&{key}={}", urlencode(v)));
+            }
+        }
+        path
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -830,27 +860,13 @@ async fn dlq_command(
     }
     let queue = serve::open_queue(config, OpenMode::Inspect).await?;
     match command {
-        DlqCommand::List {
-            limit,
-            after,
-            source,
-            class,
-            event_id,
-            json,
-        } => {
-            let filter = DlqFilter {
-                source,
-                class,
-                event_id,
+        DlqCommand::List(args) => {
+            let page = DlqPage {
+                limit: args.limit,
+                after: args.after.clone(),
             };
-            let found = dlq_search(
-                queue.as_ref(),
-                &filter,
-                &DlqPage { limit, after },
-                usize::MAX,
-            )
-            .await?;
-            print_dead_letters(&found.items, json)?;
+            let found = dlq_search(queue.as_ref(), &args.filter(), &page, usize::MAX).await?;
+            print_dead_letters(&found.items, args.json)?;
         }
         DlqCommand::Show { id } => {
             let d = queue.dlq_show(&id).await?;
@@ -933,27 +949,9 @@ async fn dlq_through_api(admin: &AdminTarget, command: &DlqCommand) -> anyhow::R
     use breakwater_admin_api::{DlqList, PurgeAnswer, PurgeRequest, ReplayRequest, ReplayStatus};
     use http::Method;
     match command {
-        DlqCommand::List {
-            limit,
-            after,
-            source,
-            class,
-            event_id,
-            json,
-        } => {
-            let mut query = format!("/dlq?limit={limit}");
-            for (key, value) in [
-                ("after", after),
-                ("source", source),
-                ("class", class),
-                ("event_id", event_id),
-            ] {
-                if let Some(v) = value {
-                    query.push_str(&format!("&{key}={}", urlencode(v)));
-                }
-            }
-            let list: DlqList = admin.call(Method::GET, &query).await?;
-            print_dead_letters(&list.items, *json)?;
+        DlqCommand::List(args) => {
+            let list: DlqList = admin.call(Method::GET, &args.path()).await?;
+            print_dead_letters(&list.items, args.json)?;
             if let Some(next) = &list.next_after {
                 eprintln!("more: --after {next}");
             }

@@ -215,6 +215,20 @@ struct Job {
     values: Vec<Vec<ParamValue>>,
 }
 
+impl SqliteSink {
+    /// The one connection, waited for up to the acquire timeout.
+    async fn connection(&self) -> Result<tokio::sync::OwnedMutexGuard<Connection>, SinkError> {
+        tokio::time::timeout(self.acquire_timeout, self.conn.clone().lock_owned())
+            .await
+            .map_err(|_| {
+                SinkError::dependency(
+                    "pool_timeout",
+                    "timed out waiting for the SQLite connection",
+                )
+            })
+    }
+}
+
 #[async_trait]
 impl Sink for SqliteSink {
     async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
@@ -238,14 +252,7 @@ impl Sink for SqliteSink {
             values,
         };
 
-        let mut conn = tokio::time::timeout(self.acquire_timeout, self.conn.clone().lock_owned())
-            .await
-            .map_err(|_| {
-                SinkError::dependency(
-                    "pool_timeout",
-                    "timed out waiting for the SQLite connection",
-                )
-            })?;
+        let mut conn = self.connection().await?;
         let statements = Arc::clone(&self.statements);
         let in_use = Arc::clone(&self.in_use);
         in_use.fetch_add(1, Ordering::Relaxed);
@@ -274,14 +281,7 @@ impl Sink for SqliteSink {
     }
 
     async fn inbox_lookup(&self, source: &str, event_id: &str) -> Result<InboxLookup, SinkError> {
-        let conn = tokio::time::timeout(self.acquire_timeout, self.conn.clone().lock_owned())
-            .await
-            .map_err(|_| {
-                SinkError::dependency(
-                    "pool_timeout",
-                    "timed out waiting for the SQLite connection",
-                )
-            })?;
+        let conn = self.connection().await?;
         let (source, event_id) = (source.to_owned(), event_id.to_owned());
         tokio::task::spawn_blocking(move || {
             let found = conn.query_row(SELECT_INBOX, [&source, &event_id], |row| {

@@ -10,7 +10,7 @@ use http::StatusCode;
 
 use crate::pg::ScratchDb;
 use crate::utils::*;
-use crate::worker::ORDERS;
+use crate::worker::{ORDERS, send};
 
 /// Order 7's updates fail with SQLSTATE 40001 (a serialization failure, a
 /// dependency failure that is retried) while `flaky.failing` is true.
@@ -51,17 +51,6 @@ params = {{ status = "json:/data/object/status" }}
     )
 }
 
-async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: &str) {
-    let body = serde_json::to_vec(&serde_json::json!({
-        "id": event_id,
-        "type": "order.updated",
-        "data": {"object": {"id": order, "status": status}}
-    }))
-    .expect("json");
-    let a = post_stripe(http, server, body).await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
-}
-
 async fn story(http: &Http, server: &Server, event_id: &str) -> serde_json::Value {
     let a = http
         .get(&server.admin_url(&format!("/events/stripe/{event_id}")))
@@ -91,6 +80,15 @@ async fn story_when(
     }
 }
 
+/// The binary with `args`, no config from the environment.
+fn breakwater(args: &[&str]) -> std::process::Output {
+    Command::new(binary())
+        .args(args)
+        .env_remove("BREAKWATER_CONFIG")
+        .output()
+        .expect("run breakwater")
+}
+
 /// `breakwater events show stripe ID` against the server's admin API
 /// (named with `--admin`: the config on disk names port 0).
 fn events_show(server: &Server, event_id: &str, json: bool) -> std::process::Output {
@@ -99,11 +97,7 @@ fn events_show(server: &Server, event_id: &str, json: bool) -> std::process::Out
     if json {
         args.push("--json");
     }
-    Command::new(binary())
-        .args(&args)
-        .env_remove("BREAKWATER_CONFIG")
-        .output()
-        .expect("run breakwater")
+    breakwater(&args)
 }
 
 fn outcomes(story: &serde_json::Value) -> Vec<String> {
@@ -234,19 +228,15 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     assert_eq!(count("/dlq?source=stripe&event_id=evt_poison").await, 1);
     assert_eq!(count("/dlq?event_id=evt_applied").await, 0);
     let admin = server.admin.to_string();
-    let out = Command::new(binary())
-        .args([
-            "dlq",
-            "list",
-            "--event-id",
-            "evt_poison",
-            "--json",
-            "--admin",
-            &admin,
-        ])
-        .env_remove("BREAKWATER_CONFIG")
-        .output()
-        .expect("run breakwater");
+    let out = breakwater(&[
+        "dlq",
+        "list",
+        "--event-id",
+        "evt_poison",
+        "--json",
+        "--admin",
+        &admin,
+    ]);
     assert!(
         out.status.success(),
         "{}",
@@ -256,11 +246,7 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
 
     // `queue stats` goes through the API too.
-    let out = Command::new(binary())
-        .args(["queue", "stats", "--json", "--admin", &admin])
-        .env_remove("BREAKWATER_CONFIG")
-        .output()
-        .expect("run breakwater");
+    let out = breakwater(&["queue", "stats", "--json", "--admin", &admin]);
     assert!(
         out.status.success(),
         "{}",
@@ -294,18 +280,14 @@ fn a_named_admin_api_that_does_not_answer_is_an_error_not_a_fallback() {
         std::fs::read_dir(dir.path()).expect("dir").next().is_none(),
         "nothing created here"
     );
-    let out = Command::new(binary())
-        .args([
-            "events",
-            "show",
-            "stripe",
-            "evt_1",
-            "--admin",
-            "no-such-host.invalid:9090",
-        ])
-        .env_remove("BREAKWATER_CONFIG")
-        .output()
-        .expect("run breakwater");
+    let out = breakwater(&[
+        "events",
+        "show",
+        "stripe",
+        "evt_1",
+        "--admin",
+        "no-such-host.invalid:9090",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--admin no-such-host.invalid:9090"), "{err}");

@@ -206,210 +206,223 @@ async fn settle(
     }
 }
 
-/// A sandbox serving a fresh `effects` table on `pg`, started.
-async fn on_own_pg(pg: &OwnPostgres) -> (Sandbox, Server, tokio_postgres::Client) {
-    let db = effects_db(pg).await;
-    let sandbox = Sandbox::new(&sink(&pg.url("postgres")));
-    let server = sandbox.start();
-    (sandbox, server, db)
+/// A fresh `effects` table on `pg`, and a session to read it.
+async fn effects_db(pg: &OwnPostgres) -> tokio_postgres::Client {
+    let db = connect(pg).await;
+    db.batch_execute(&format!("DROP TABLE IF EXISTS effects; {EFFECTS}"))
+        .await
+        .expect("effects");
+    db
+}
+
+async fn connect(pg: &OwnPostgres) -> tokio_postgres::Client {
+    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test's own PostgreSQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    db
+}
+
+/// One burst with one fault in it.
+struct Plan {
+    fault: &'static str,
+    prefix: &'static str,
+    sent: usize,
+    per_sec: u64,
+    /// Filler bytes per webhook.
+    pad: usize,
+    /// When the fault starts, into the burst.
+    after: Duration,
+}
+
+/// Sends `plan`'s burst to `t`, runs `fault` (blocking; it may restart the
+/// server and move `t`) `plan.after` into it, waits for every accepted
+/// webhook to settle and fills the row. `db` is read after the fault, so a
+/// fault that cut its session hands a new one back.
+async fn run(
+    http: &Http,
+    t: &Target,
+    plan: Plan,
+    fault: impl FnOnce(),
+    db: impl AsyncFnOnce() -> tokio_postgres::Client,
+) -> Row {
+    let sender = tokio::spawn(burst(
+        http.clone(),
+        Arc::clone(t),
+        plan.prefix,
+        plan.sent,
+        plan.per_sec,
+        plan.pad,
+    ));
+    tokio::time::sleep(plan.after).await;
+    tokio::task::block_in_place(fault);
+    let fault_end = Instant::now();
+    let (accepted, busy) = sender.await.expect("burst");
+    let mut row = Row {
+        fault: plan.fault.to_owned(),
+        sent: plan.sent,
+        note: if busy > 0 {
+            format!("{busy} answered 503 meanwhile")
+        } else {
+            String::new()
+        },
+        ..Row::default()
+    };
+    let db = db().await;
+    settle(
+        &mut row,
+        http,
+        &db,
+        t,
+        &accepted,
+        fault_end,
+        Duration::from_secs(120),
+    )
+    .await;
+    row
 }
 
 /// The test's own PostgreSQL restarted (`pg_ctl restart -m fast`) while
 /// 100 webhooks a second arrive.
 async fn postgres_restarted(http: &Http) -> Row {
     let pg = OwnPostgres::start();
-    let (_sandbox, server, _) = on_own_pg(&pg).await;
-    let t = target(&server);
-    let mut row = Row {
-        fault: "PostgreSQL restarted (`pg_ctl restart -m fast`) mid-burst".into(),
+    effects_db(&pg).await;
+    let server = Sandbox::new(&sink(&pg.url("postgres"))).start();
+    let plan = Plan {
+        fault: "PostgreSQL restarted (`pg_ctl restart -m fast`) mid-burst",
+        prefix: "evt_restart",
         sent: 1000,
-        ..Row::default()
+        per_sec: 100,
+        pad: 0,
+        after: Duration::from_secs(3),
     };
-    let sender = tokio::spawn(burst(
-        http.clone(),
-        Arc::clone(&t),
-        "evt_restart",
-        1000,
-        100,
-        0,
-    ));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let pg = tokio::task::spawn_blocking(move || {
-        pg.restart_fast();
-        pg
-    })
-    .await
-    .expect("restart");
-    let fault_end = Instant::now();
-    let (accepted, _) = sender.await.expect("burst");
-    // The restart closed the test's own session too.
-    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
-        .await
-        .expect("reconnect");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    settle(
-        &mut row,
+    run(
         http,
-        &db,
-        &t,
-        &accepted,
-        fault_end,
-        Duration::from_secs(120),
+        &target(&server),
+        plan,
+        || pg.restart_fast(),
+        async || connect(&pg).await,
     )
-    .await;
-    row
+    .await
 }
 
 /// The test's own PostgreSQL stopped for 20 s under 40 webhooks a second.
 async fn postgres_stopped(http: &Http) -> Row {
     let pg = OwnPostgres::start();
-    let (_sandbox, server, _) = on_own_pg(&pg).await;
-    let t = target(&server);
-    let mut row = Row {
-        fault: "PostgreSQL stopped for 20 s".into(),
+    effects_db(&pg).await;
+    let server = Sandbox::new(&sink(&pg.url("postgres"))).start();
+    let plan = Plan {
+        fault: "PostgreSQL stopped for 20 s",
+        prefix: "evt_stopped",
         sent: 1000,
-        ..Row::default()
+        per_sec: 40,
+        pad: 0,
+        after: Duration::from_secs(2),
     };
-    let sender = tokio::spawn(burst(
-        http.clone(),
-        Arc::clone(&t),
-        "evt_stopped",
-        1000,
-        40,
-        0,
-    ));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let pg = tokio::task::spawn_blocking(move || {
+    let fault = || {
         pg.stop();
         std::thread::sleep(Duration::from_secs(20));
         pg.resume();
-        pg
+    };
+    run(http, &target(&server), plan, fault, async || {
+        connect(&pg).await
     })
     .await
-    .expect("stop and start");
-    let fault_end = Instant::now();
-    let (accepted, _) = sender.await.expect("burst");
-    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
-        .await
-        .expect("reconnect");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    settle(
-        &mut row,
-        http,
-        &db,
-        &t,
-        &accepted,
-        fault_end,
-        Duration::from_secs(120),
-    )
-    .await;
-    row
 }
 
 /// Breakwater itself killed with SIGKILL mid-burst and started again on
 /// its store, ten times.
 async fn breakwater_killed(http: &Http) -> Row {
     let pg = OwnPostgres::start();
-    let (sandbox, mut server, db) = on_own_pg(&pg).await;
+    let db = effects_db(&pg).await;
+    let sandbox = Sandbox::new(&sink(&pg.url("postgres")));
+    let mut server = sandbox.start();
     let t = target(&server);
-    let mut row = Row {
-        fault: "Breakwater killed (SIGKILL) mid-burst and restarted, 10 times".into(),
+    let plan = Plan {
+        fault: "Breakwater killed (SIGKILL) mid-burst and restarted, 10 times",
+        prefix: "evt_killed",
         sent: 1500,
-        ..Row::default()
+        per_sec: 60,
+        pad: 0,
+        after: Duration::from_secs(2),
     };
-    let sender = tokio::spawn(burst(
-        http.clone(),
-        Arc::clone(&t),
-        "evt_killed",
-        1500,
-        60,
-        0,
-    ));
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        server.kill9();
-        server = sandbox.start();
-        set_target(&t, &server);
+    let fault = || {
+        for i in 0..10 {
+            if i > 0 {
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            server.kill9();
+            server = sandbox.start();
+            set_target(&t, &server);
+        }
+    };
+    run(http, &t, plan, fault, async || db).await
+}
+
+/// Unmounts a test's filesystem on drop.
+struct Mounted(tempfile::TempDir);
+
+impl Mounted {
+    /// A tmpfs of `size` (e.g. `3m`); needs root.
+    fn tmpfs(size: &str) -> Self {
+        let dir = tempfile::tempdir().expect("mount point");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("mount");
+        assert!(mounted.success(), "mounting a tmpfs needs root");
+        Self(dir)
     }
-    let fault_end = Instant::now();
-    let (accepted, _) = sender.await.expect("burst");
-    settle(
-        &mut row,
-        http,
-        &db,
-        &t,
-        &accepted,
-        fault_end,
-        Duration::from_secs(120),
-    )
-    .await;
-    row
+
+    fn grow(&self, size: &str) {
+        let grown = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.0.path())
+            .status()
+            .expect("remount");
+        assert!(grown.success());
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
 }
 
 /// The embedded queue's filesystem full (a 3 MiB tmpfs) under 2 KiB
-/// webhooks, then grown.
+/// webhooks, then grown halfway through the burst.
 async fn disk_full(http: &Http) -> Row {
     let pg = OwnPostgres::start();
     let db = effects_db(&pg).await;
-    let mount = tempfile::tempdir().expect("mount point");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(mount.path())
-        .status()
-        .expect("mount");
-    assert!(mounted.success(), "mounting a tmpfs needs root");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mount.path().to_owned());
+    let disk = Mounted::tmpfs("3m");
     let sandbox = Sandbox::with_queue(
         &format!(
             "[queue]\npath = \"{}\"\n",
-            mount.path().join("queue").display()
+            disk.0.path().join("queue").display()
         ),
         &sink(&pg.url("postgres")),
     );
     let server = sandbox.start();
-    let t = target(&server);
-    let mut row = Row {
-        fault: "the embedded queue's disk full (3 MiB tmpfs), then grown".into(),
+    let plan = Plan {
+        fault: "the embedded queue's disk full (3 MiB tmpfs), then grown",
+        prefix: "evt_full",
         sent: 3000,
-        ..Row::default()
+        per_sec: 200,
+        pad: 2000,
+        after: Duration::from_millis(7_500),
     };
-    let sender = tokio::spawn(burst(
-        http.clone(),
-        Arc::clone(&t),
-        "evt_full",
-        3000,
-        200,
-        2000,
-    ));
-    // Full long before the burst ends; grown halfway through it.
-    tokio::time::sleep(Duration::from_millis(7_500)).await;
-    let grown = std::process::Command::new("mount")
-        .args(["-o", "remount,size=256m"])
-        .arg(mount.path())
-        .status()
-        .expect("remount");
-    assert!(grown.success());
-    let fault_end = Instant::now();
-    let (accepted, busy) = sender.await.expect("burst");
-    row.note = format!("{busy} answered 503 while full");
-    settle(
-        &mut row,
+    let row = run(
         http,
-        &db,
-        &t,
-        &accepted,
-        fault_end,
-        Duration::from_secs(120),
+        &target(&server),
+        plan,
+        || disk.grow("256m"),
+        async || db,
     )
     .await;
     drop(server);
@@ -428,37 +441,20 @@ async fn broker_restarted(http: &Http) -> Row {
         &sink(&pg.url("postgres")),
     );
     let server = sandbox.start();
-    let t = target(&server);
-    let mut row = Row {
-        fault: "NATS JetStream broker killed mid-burst, back 5 s later".into(),
+    let plan = Plan {
+        fault: "NATS JetStream broker killed mid-burst, back 5 s later",
+        prefix: "evt_broker",
         sent: 1000,
-        ..Row::default()
+        per_sec: 100,
+        pad: 0,
+        after: Duration::from_secs(3),
     };
-    let sender = tokio::spawn(burst(
-        http.clone(),
-        Arc::clone(&t),
-        "evt_broker",
-        1000,
-        100,
-        0,
-    ));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    nats.kill();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    nats.restart();
-    let fault_end = Instant::now();
-    let (accepted, busy) = sender.await.expect("burst");
-    row.note = format!("{busy} answered 503 while it was away");
-    settle(
-        &mut row,
-        http,
-        &db,
-        &t,
-        &accepted,
-        fault_end,
-        Duration::from_secs(120),
-    )
-    .await;
+    let fault = || {
+        nats.kill();
+        std::thread::sleep(Duration::from_secs(5));
+        nats.restart();
+    };
+    let row = run(http, &target(&server), plan, fault, async || db).await;
     drop(server);
     row
 }
@@ -480,52 +476,22 @@ async fn redis_restarted(http: &Http) -> Row {
         ),
     );
     let server = sandbox.start();
-    let t = target(&server);
-    let mut row = Row {
-        fault: "Redis (the fleet's store) killed mid-burst, back empty 5 s later".into(),
+    let plan = Plan {
+        fault: "Redis (the fleet's store) killed mid-burst, back empty 5 s later",
+        prefix: "evt_redis",
         sent: 1000,
-        ..Row::default()
+        per_sec: 100,
+        pad: 0,
+        after: Duration::from_secs(3),
     };
-    let sender = tokio::spawn(burst(
-        http.clone(),
-        Arc::clone(&t),
-        "evt_redis",
-        1000,
-        100,
-        0,
-    ));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    redis.kill();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    redis.restart();
-    let fault_end = Instant::now();
-    let (accepted, _) = sender.await.expect("burst");
-    settle(
-        &mut row,
-        http,
-        &db,
-        &t,
-        &accepted,
-        fault_end,
-        Duration::from_secs(120),
-    )
-    .await;
+    let fault = || {
+        redis.kill();
+        std::thread::sleep(Duration::from_secs(5));
+        redis.restart();
+    };
+    let row = run(http, &target(&server), plan, fault, async || db).await;
     drop(server);
     row
-}
-
-/// A fresh `effects` table on `pg`.
-async fn effects_db(pg: &OwnPostgres) -> tokio_postgres::Client {
-    let (db, conn) = tokio_postgres::connect(&pg.url("postgres"), tokio_postgres::NoTls)
-        .await
-        .expect("connect to the test's own PostgreSQL");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    db.batch_execute(&format!("DROP TABLE IF EXISTS effects; {EFFECTS}"))
-        .await
-        .expect("effects");
-    db
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,7 +88,7 @@ async fn a_start_against_an_existing_inbox_logs_no_notice() {
 }
 
 /// Sends a Stripe event for `order` and expects 202.
-async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: &str) {
+pub(crate) async fn send(http: &Http, server: &Server, event_id: &str, order: i64, status: &str) {
     let body = serde_json::to_vec(&serde_json::json!({
         "id": event_id,
         "type": "order.updated",
