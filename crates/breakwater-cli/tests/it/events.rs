@@ -10,7 +10,7 @@ use http::StatusCode;
 
 use crate::pg::ScratchDb;
 use crate::utils::*;
-use crate::worker::{ORDERS, send};
+use crate::worker::{ORDERS, send, sink_config};
 
 /// Order 7's updates fail with SQLSTATE 40001 (a serialization failure, a
 /// dependency failure that is retried) while `flaky.failing` is true.
@@ -27,29 +27,13 @@ END $$;
 CREATE TRIGGER flaky BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION flaky_update();
 ";
 
-fn config(db: &ScratchDb) -> String {
-    format!(
-        r#"
-[sink]
-url = "{}"
-lock_timeout_ms = 500
-statement_timeout_ms = 3000
-pool_max = 4
-acquire_timeout_ms = 1000
-
-[workers]
-max_concurrency = 4
-max_attempts = 50
-backoff_base_ms = 200
-backoff_cap_ms = 400
-
-[[source.statement]]
-sql = "UPDATE orders SET status = $status, applied_count = applied_count + 1, updated_at = now() WHERE id = $entity"
-params = {{ status = "json:/data/object/status" }}
-"#,
-        db.url()
-    )
-}
+/// Retries slow enough for the test to see the first one before the
+/// next, and many of them, over the workers' shared config.
+const RETRIES: [(&str, &str); 3] = [
+    ("BREAKWATER_WORKERS_MAX_ATTEMPTS", "50"),
+    ("BREAKWATER_WORKERS_BACKOFF_BASE_MS", "200"),
+    ("BREAKWATER_WORKERS_BACKOFF_CAP_MS", "400"),
+];
 
 async fn story(http: &Http, server: &Server, event_id: &str) -> serde_json::Value {
     let a = http
@@ -116,8 +100,8 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     let db = ScratchDb::create().await;
     db.client.batch_execute(ORDERS).await.expect("schema");
     db.client.batch_execute(FLAKY).await.expect("trigger");
-    let sandbox = Sandbox::new(&config(&db));
-    let server = sandbox.start();
+    let sandbox = Sandbox::new(&sink_config(&db, ""));
+    let server = Server::start_with_env(&sandbox.config_path(), "all", &RETRIES);
     let http = Http::default();
 
     send(&http, &server, "evt_applied", 1, "paid").await;

@@ -565,6 +565,9 @@ impl Dispatcher {
             // One line per event settled (no payload, no secret).
             tracing::debug!(source = %m.source, event_id = %m.event_id, outcome,
                 attempt = m.attempts + 1, apply_ms, "settled");
+            if journal.capacity() == 0 {
+                return;
+            }
             journal.record(
                 &m.source,
                 &m.event_id,
