@@ -433,8 +433,9 @@ impl Inner {
         let names = &self.shared.names;
         match to {
             Destination::After(delay) | Destination::ReleasedFor(delay) => {
-                let due_at =
-                    now_ms().saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX));
+                // Rounded up: `now_ms` truncates, and a retry is never early.
+                let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                let due_at = now_ms().saturating_add(delay_ms).saturating_add(1);
                 let ix = names.for_delay(delay);
                 let released = u32::from(matches!(to, Destination::ReleasedFor(_)));
                 let due = Due {

@@ -118,7 +118,12 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
         .batch_execute("UPDATE flaky SET failing = false")
         .await
         .expect("clear the flag");
-    let retried = story_when(&http, &server, "evt_retried", |s| s["state"] == "applied").await;
+    // The inbox row commits before the worker writes the attempt down: wait
+    // for both.
+    let retried = story_when(&http, &server, "evt_retried", |s| {
+        s["state"] == "applied" && outcomes(s).last().is_some_and(|o| o == "applied")
+    })
+    .await;
     let attempts = retried["attempts"].as_array().expect("attempts");
     let first = &attempts[0];
     assert_eq!(first["outcome"], "retried", "{retried:#}");
@@ -152,7 +157,10 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     );
     assert_eq!(retried["applied"]["entity_key"], "7");
 
-    let applied = story_when(&http, &server, "evt_applied", |s| s["state"] == "applied").await;
+    let applied = story_when(&http, &server, "evt_applied", |s| {
+        s["state"] == "applied" && !outcomes(s).is_empty()
+    })
+    .await;
     assert_eq!(outcomes(&applied), ["applied"], "{applied:#}");
     let destination = applied["destination"].as_str().expect("destination");
     assert!(
@@ -162,7 +170,7 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     assert!(destination.contains(&db.name), "{destination}");
 
     let dead = story_when(&http, &server, "evt_poison", |s| {
-        s["state"] == "dead_lettered"
+        s["state"] == "dead_lettered" && !outcomes(s).is_empty()
     })
     .await;
     assert_eq!(dead["dead_letter"]["class"], "permanent", "{dead:#}");
