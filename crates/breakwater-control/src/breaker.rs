@@ -113,6 +113,12 @@ use crate::status::{
 };
 use crate::window::millis_since;
 
+/// A node whose latest this many calls all failed on the dependency sees
+/// dependency trouble ([`Breaker::dependency_trouble`]): one message's
+/// failures alone make at most as many as it has attempts, and a healthy
+/// dependency's successes end a streak at once.
+pub const TROUBLE_STREAK: u32 = 3;
+
 #[derive(Debug, Clone)]
 struct Override {
     kind: OverrideKind,
@@ -241,8 +247,15 @@ impl<A: ProbeAdmission> Breaker<A> {
     /// given at least two failures (more than the one being settled).
     /// Without successes a database that is down cannot be told from a
     /// message that fails alone, so at low traffic such a message retries
-    /// (at the backoff's cap) until other calls succeed around it. Never in
-    /// dry-run mode.
+    /// (at the backoff's cap) until other calls succeed around it. On a
+    /// fleet's lease holder, whose window also holds the other nodes'
+    /// outcomes a beat or two late (their successes before an outage
+    /// dilute its first seconds), this node's own calls are judged the same
+    /// way too, and either says trouble. And whatever the windows hold,
+    /// when this node's last [`TROUBLE_STREAK`] calls all failed on the
+    /// dependency: at an outage's start the window is still full of the
+    /// minutes before it, and a message's first attempts follow each other
+    /// within a second. Never in dry-run mode.
     pub fn dependency_trouble(&self, now: Instant) -> bool {
         if self.cfg.dry_run {
             return false;
@@ -250,13 +263,20 @@ impl<A: ProbeAdmission> Breaker<A> {
         if self.state != State::Closed {
             return true;
         }
-        let (failures, calls) = self.outcomes.failure_counts(self.ms(now));
-        if calls == 0 {
-            return false;
-        }
+        let now_ms = self.ms(now);
         let half = self.cfg.failure_ratio.threshold / 2.0;
-        let ratio = failures as f64 / calls as f64;
-        ratio >= half && (calls >= self.cfg.failure_ratio.min_calls || failures >= 2)
+        let min_calls = self.cfg.failure_ratio.min_calls;
+        let trouble = |(failures, calls): (u64, u64)| {
+            calls > 0
+                && failures as f64 / calls as f64 >= half
+                && (calls >= min_calls || failures >= 2)
+        };
+        self.outcomes.failure_streak() >= TROUBLE_STREAK
+            || trouble(self.outcomes.failure_counts(now_ms))
+            || self
+                .outcomes
+                .own_failure_counts(now_ms)
+                .is_some_and(trouble)
     }
 
     /// The breaker's own state (the shadow state in dry-run mode).

@@ -12,12 +12,15 @@
 //! | [`queue`] | the simulated queue |
 //! | [`db`] | the simulated database and its inbox |
 //! | [`node`] | one worker process: the real control code driven as the dispatcher and controller drive it, and the promises checked at every step |
+//! | [`fleet`] | fleet mode: the shared record, the controller lease, fleet-wide probe slots, a store that is lost |
 //!
 //! Promises checked (a run that breaks one fails, with the time and what):
 //! - at every step: nothing starts while the gate is closed, nothing
 //!   starts half-open without a probe ticket, no node runs more than its
 //!   maximum, no more probes out than `max_probes`, no probe out past its
-//!   timeout while half-open, the limit never above the maximum;
+//!   timeout while half-open, the limit never above the maximum; in fleet
+//!   mode, no more probes out fleet-wide than `max_probes` under the
+//!   store's slots;
 //! - at the end: every accepted message is applied (its effect exactly
 //!   once) or dead-lettered, none is lost; poison is never applied and
 //!   always dead-lettered; nothing healthy is dead-lettered
@@ -26,6 +29,7 @@
 //!   last fault's end.
 
 pub mod db;
+pub mod fleet;
 pub mod node;
 pub mod queue;
 pub mod schedule;
@@ -37,6 +41,7 @@ use breakwater_control::{BreakerConfig, State};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use fleet::Store;
 use node::{Broken, Node};
 use queue::{QState, SimQueue};
 use schedule::{Ms, Schedule, TRAFFIC_MS};
@@ -45,12 +50,14 @@ use schedule::{Ms, Schedule, TRAFFIC_MS};
 pub const END_MS: Ms = TRAFFIC_MS + 120_000;
 
 /// How long after the last fault every breaker must be closed again: the
-/// longest cool-down, a probe timeout, the ramp, and 10 s of slack.
-pub fn recovery_bound_ms(config: &BreakerConfig) -> Ms {
+/// longest cool-down, a probe timeout, the ramp, and 10 s of slack; in a
+/// fleet, a lease time more (a dead holder replaced).
+pub fn recovery_bound_ms(config: &BreakerConfig, fleet: bool) -> Ms {
     config.cool_down.cap_ms
         + config.half_open.probe_timeout_ms
         + config.ramp.hold_ms * config.ramp.steps.len() as u64
         + 10_000
+        + if fleet { fleet::LEASE_MS } else { 0 }
 }
 
 /// What one seed did.
@@ -61,10 +68,15 @@ pub struct Report {
     pub applied: usize,
     pub dead_permanent: usize,
     pub dead_exhausted: usize,
+    /// The first messages dead-lettered as exhausted (for `--trace`).
+    pub exhausted_ids: Vec<u32>,
     /// Applies that committed on an event already in the inbox (no effect).
     pub duplicates: u64,
     pub transitions: usize,
     pub probes: u64,
+    /// Fleet mode: controller leases taken, compare-and-sets lost.
+    pub leases_taken: u64,
+    pub cas_lost: u64,
     pub ended_ms: Ms,
     /// Each node at the end: state, limit, applies running, messages held.
     pub nodes: Vec<(State, u32, usize, usize)>,
@@ -88,6 +100,9 @@ pub struct Batch {
     pub dead_exhausted: usize,
     pub duplicates: u64,
     pub transitions: usize,
+    /// Seeds run in fleet mode, and the controller leases taken in them.
+    pub fleet_seeds: u64,
+    pub leases_taken: u64,
     /// Seeds that broke a promise, with the first one broken.
     pub failed: Vec<(u64, Broken)>,
 }
@@ -119,6 +134,8 @@ pub fn run_many(start: u64, count: u64, threads: usize) -> Batch {
                     b.dead_exhausted += r.dead_exhausted;
                     b.duplicates += r.duplicates;
                     b.transitions += r.transitions;
+                    b.fleet_seeds += u64::from(r.schedule.fleet);
+                    b.leases_taken += r.leases_taken;
                     if let Some(first) = r.violations.into_iter().next() {
                         b.failed.push((seed, first));
                     }
@@ -138,13 +155,16 @@ impl std::fmt::Display for Batch {
         write!(
             f,
             "{} seeds: {} webhooks accepted, {} dead-lettered as poison, {} exhausted, {} duplicate \
-             applies (no effect), {} breaker transitions; {} seed(s) broke a promise",
+             applies (no effect), {} breaker transitions; {} seeds in fleet mode ({} controller \
+             leases taken); {} seed(s) broke a promise",
             self.seeds,
             self.accepted,
             self.dead_permanent,
             self.dead_exhausted,
             self.duplicates,
             self.transitions,
+            self.fleet_seeds,
+            self.leases_taken,
             self.failed.len()
         )?;
         for (seed, broken) in self.failed.iter().take(20) {
@@ -175,16 +195,21 @@ pub fn run(seed: u64) -> Report {
                 &settings,
                 seed ^ (i as u64 + 1),
                 0,
+                schedule.fleet,
             )
         })
         .collect();
     let mut queue = SimQueue::default();
     let mut db = db::SimDb::default();
+    let mut store = schedule.fleet.then(|| Store::new(base));
     let mut violations = Vec::new();
     let mut next_arrival: Ms = 0;
     let mut last_step = vec![0; schedule.nodes];
     let mut now: Ms = 0;
     loop {
+        if let Some(store) = store.as_mut() {
+            store.set_up(!schedule.store_down(now));
+        }
         while next_arrival <= now && next_arrival < TRAFFIC_MS {
             let key = rng
                 .random_bool(0.8)
@@ -204,9 +229,19 @@ pub fn run(seed: u64) -> Report {
                 node.crash(&mut db, &mut rng, restart, now);
             }
             if schedule.node_runs(i, now) && node.next_event() <= now {
-                node.step(now, &schedule, &mut queue, &mut db, &mut violations);
+                node.step(
+                    now,
+                    &schedule,
+                    &mut queue,
+                    &mut db,
+                    &mut store,
+                    &mut violations,
+                );
                 last_step[i] = now;
             }
+        }
+        if let Some(store) = &store {
+            check_fleet_probes(store, &breaker_config, &nodes, now, &mut violations);
         }
         if !violations.is_empty() {
             break;
@@ -223,7 +258,7 @@ pub fn run(seed: u64) -> Report {
         };
         now = next_node.min(arrival).max(now + 1);
     }
-    finish(
+    let mut report = finish(
         schedule,
         &breaker_config,
         &nodes,
@@ -231,7 +266,44 @@ pub fn run(seed: u64) -> Report {
         &db,
         violations,
         now,
-    )
+    );
+    if let Some(store) = store {
+        report.leases_taken = store.leases_taken;
+        report.cas_lost = store.cas_lost;
+    }
+    report
+}
+
+/// Fleet-wide, no more probes out in one half-open period than
+/// `max_probes`, counting those under a slot of the store as it is now
+/// (a store that lost its data forgot its slots) and younger than a slot's
+/// time to live (a stalled prober's slot lapses, and another may probe).
+fn check_fleet_probes(
+    store: &Store,
+    config: &BreakerConfig,
+    nodes: &[Node],
+    now: Ms,
+    violations: &mut Vec<Broken>,
+) {
+    if !store.up {
+        return;
+    }
+    let ttl = config.half_open.probe_timeout_ms;
+    let mut per_period = std::collections::BTreeMap::<u64, u32>::new();
+    for (incarnation, period, started) in nodes.iter().flat_map(Node::fleet_probes) {
+        if incarnation == store.incarnation && now.saturating_sub(started) < ttl {
+            *per_period.entry(period).or_default() += 1;
+        }
+    }
+    let max = config.half_open.max_probes;
+    if let Some((period, n)) = per_period.into_iter().find(|(_, n)| *n > max) {
+        violations.push(Broken {
+            at: now,
+            what: format!(
+                "{n} probes out fleet-wide in half-open period {period}, more than {max}"
+            ),
+        });
+    }
 }
 
 /// The end-of-run promises.
@@ -249,9 +321,12 @@ fn finish(
         applied: 0,
         dead_permanent: 0,
         dead_exhausted: 0,
+        exhausted_ids: Vec::new(),
         duplicates: 0,
         transitions: nodes.iter().map(|n| n.transitions.len()).sum(),
         probes: nodes.iter().map(|n| n.probes_admitted).sum(),
+        leases_taken: 0,
+        cas_lost: 0,
         ended_ms: now,
         nodes: nodes
             .iter()
@@ -294,6 +369,9 @@ fn finish(
                     }
                 } else {
                     report.dead_exhausted += 1;
+                    if report.exhausted_ids.len() < 10 {
+                        report.exhausted_ids.push(m.id);
+                    }
                 }
             }
         }
@@ -314,7 +392,8 @@ fn finish(
             }
         }
     }
-    let deadline = report.schedule.faults_end() + recovery_bound_ms(config);
+    let bound = recovery_bound_ms(config, report.schedule.fleet);
+    let deadline = report.schedule.faults_end() + bound;
     if deadline < now {
         for n in nodes {
             let state = n
@@ -326,8 +405,7 @@ fn finish(
             if state != State::Closed {
                 broke(format!(
                     "node {} still {state} at {deadline} ms, {} ms after the last fault ended",
-                    n.index,
-                    recovery_bound_ms(config)
+                    n.index, bound
                 ));
             }
         }

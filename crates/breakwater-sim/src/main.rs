@@ -42,6 +42,9 @@ fn main() -> ExitCode {
         for (i, (state, limit, running, held)) in report.nodes.iter().enumerate() {
             println!("node {i} at the end: {state}, limit {limit}, {running} running, {held} held");
         }
+        if !report.exhausted_ids.is_empty() {
+            println!("dead-lettered as exhausted: {:?}", report.exhausted_ids);
+        }
         for (id, started, due) in &report.running {
             println!("running at the end: message {id}, started {started} ms, due {due} ms");
         }
@@ -75,7 +78,7 @@ fn main() -> ExitCode {
 
 fn print_report(seed: u64, r: &breakwater_sim::Report) {
     println!(
-        "seed {seed}: {} accepted, {} applied, {} dead-lettered permanent, {} exhausted, {} duplicate applies, {} transitions, {} probes, ended at {} ms: {}",
+        "seed {seed}: {} accepted, {} applied, {} dead-lettered permanent, {} exhausted, {} duplicate applies, {} transitions, {} probes, {} controller leases taken, {} compare-and-sets lost, ended at {} ms: {}",
         r.accepted,
         r.applied,
         r.dead_permanent,
@@ -83,6 +86,8 @@ fn print_report(seed: u64, r: &breakwater_sim::Report) {
         r.duplicates,
         r.transitions,
         r.probes,
+        r.leases_taken,
+        r.cas_lost,
         r.ended_ms,
         if r.passed() {
             "kept every promise"

@@ -5,6 +5,8 @@
 //! claim under the gate, admit probes half-open, settle each apply, tick
 //! the breaker every 100 ms, sample the queue and the database every
 //! second, extend leases, release what the lanes hold when the gate closes.
+//! In fleet mode ([`crate::fleet`]) it also beats, follows the shared
+//! record, shares its own transitions and takes fleet-wide probe slots.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -13,14 +15,15 @@ use breakwater::worker::WorkerSettings;
 use breakwater::worker::lanes::{Admit, LaneOutcome, Lanes, Next};
 use breakwater::worker::settle::{self, Settle, SettleFacts};
 use breakwater_control::{
-    Breaker, BreakerConfig, Heartbeat, KeyContention, Outcome, OutcomeClass, ProbeTicket,
-    QueueSample, State, WorkerState,
+    Breaker, BreakerConfig, BreakerRecord, Heartbeat, KeyContention, Outcome, OutcomeClass,
+    ProbeSlot, ProbeTicket, QueueSample, State, Transition, WorkerState,
 };
 use breakwater_sink::{Applied, SinkError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use crate::db::{self, Planned, SimDb, ms};
+use crate::fleet::{Member, Store};
 use crate::queue::{Delivery, SimQueue};
 use crate::schedule::{Ms, Schedule};
 
@@ -39,6 +42,8 @@ const PROBE_REFUSED_MS: Ms = 250;
 pub struct Job {
     pub delivery: Delivery,
     pub probe: Option<ProbeTicket>,
+    /// A fleet-wide probe slot, with the store incarnation it was taken in.
+    pub slot: Option<(u32, ProbeSlot)>,
     pub laned: bool,
 }
 
@@ -86,6 +91,8 @@ pub struct Node {
     /// Transitions, for the report.
     pub transitions: Vec<(Ms, State, State)>,
     pub probes_admitted: u64,
+    /// Its part in the fleet, in fleet mode.
+    pub fleet: Option<Member>,
 }
 
 impl Node {
@@ -96,6 +103,7 @@ impl Node {
         settings: &WorkerSettings,
         seed: u64,
         now: Ms,
+        fleet: bool,
     ) -> Self {
         let at = base + Duration::from_millis(now);
         let breaker = Breaker::with_seed(config.clone(), seed, at)
@@ -119,6 +127,7 @@ impl Node {
             last_seen: now,
             transitions: Vec::new(),
             probes_admitted: 0,
+            fleet: fleet.then(|| Member::new(now)),
         }
     }
 
@@ -148,6 +157,7 @@ impl Node {
             &self.settings,
             seed,
             now,
+            self.fleet.is_some(),
         );
         let transitions = std::mem::take(&mut self.transitions);
         let probes = self.probes_admitted;
@@ -164,9 +174,11 @@ impl Node {
             .map(|r| r.done_at)
             .min()
             .unwrap_or(Ms::MAX);
+        let beat = self.fleet.as_ref().map_or(Ms::MAX, |m| m.next_beat);
         done.min(self.next_tick)
             .min(self.next_poll)
             .min(self.next_sample)
+            .min(beat)
     }
 
     /// Runs everything due at `now`. `violations` collects broken promises.
@@ -176,16 +188,27 @@ impl Node {
         schedule: &Schedule,
         queue: &mut SimQueue,
         db: &mut SimDb,
+        store: &mut Option<Store>,
         violations: &mut Vec<Broken>,
     ) {
         self.last_seen = now;
+        if let (Some(m), Some(store)) = (self.fleet.as_mut(), store.as_mut()) {
+            m.wall_offset_ms = schedule.wall_offset_ms(self.index, now);
+            // The change feed (followed at once, as Redis publishes it).
+            if let Some(r) = store.record().cloned() {
+                self.follow(&r, now);
+            }
+            if self.fleet.as_ref().is_some_and(|m| now >= m.next_beat) {
+                self.beat(store, now);
+            }
+        }
         // Applies that ended; the dispatcher, woken by them, claims again
         // at once.
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].done_at <= now {
                 let r = self.running.swap_remove(i);
-                self.settle(r, now, schedule, queue, db, violations);
+                self.settle(r, now, schedule, queue, db, store, violations);
                 self.next_poll = now;
             } else {
                 i += 1;
@@ -211,12 +234,75 @@ impl Node {
         }
         if now >= self.next_poll {
             self.next_poll = now + POLL_MS;
-            self.dispatch(now, schedule, queue, violations);
+            self.dispatch(now, schedule, queue, store, violations);
+        }
+        if let (Some(m), Some(store)) = (self.fleet.as_mut(), store.as_mut())
+            && let Some(newer) = m.share(self.index, store, now)
+        {
+            self.follow(&newer, now);
         }
         self.check(now, violations);
     }
 
-    fn note(&mut self, t: Option<breakwater_control::Transition>, now: Ms) {
+    /// A transition this node made: recorded and, in a fleet, to be shared.
+    fn note(&mut self, t: Option<Transition>, now: Ms) {
+        if t.is_some()
+            && let Some(m) = self.fleet.as_mut()
+        {
+            m.changed(
+                self.breaker
+                    .shared_view(self.base + Duration::from_millis(now)),
+            );
+        }
+        self.record_transition(t, now);
+    }
+
+    /// Takes `record` if it is newer than the one this node follows.
+    fn follow(&mut self, record: &BreakerRecord, now: Ms) {
+        let Some(m) = self.fleet.as_mut() else { return };
+        if !m.takes(record) {
+            return;
+        }
+        let view = record.aged(m.wall_ms(now));
+        let t = self.breaker.adopt(&view, self.at(now));
+        self.record_transition(t, now);
+    }
+
+    /// One fleet beat (see [`Member::beat`]).
+    fn beat(&mut self, store: &mut Store, now: Ms) {
+        let at = self.at(now);
+        let slots = self.worker_states(now);
+        let Some(m) = self.fleet.as_mut() else { return };
+        let answer = m.beat(self.index, slots, store, now);
+        if let Some(r) = answer.record {
+            self.follow(&r, now);
+        }
+        if answer.share_current
+            && let Some(m) = self.fleet.as_mut()
+        {
+            m.changed(self.breaker.shared_view(at));
+        }
+        for tally in &answer.fleet_outcomes {
+            self.breaker.record_fleet_outcomes(tally, at);
+        }
+        self.breaker
+            .observe_heartbeats(&answer.fleet_heartbeats, at);
+    }
+
+    /// What each worker slot is doing.
+    fn worker_states(&self, now: Ms) -> Vec<WorkerState> {
+        (0..self.settings.max_concurrency as usize)
+            .map(|slot| match self.running.get(slot) {
+                None => WorkerState::Idle,
+                Some(r) if r.planned.lock_wait => WorkerState::LockWait {
+                    waited: Duration::from_millis(now.saturating_sub(r.started)),
+                },
+                Some(_) => WorkerState::Applying,
+            })
+            .collect()
+    }
+
+    fn record_transition(&mut self, t: Option<Transition>, now: Ms) {
         if let Some(t) = t {
             self.transitions.push((now, t.from, t.to));
             if t.to == State::Closed {
@@ -230,20 +316,20 @@ impl Node {
     fn tick(&mut self, now: Ms) {
         let at = self.at(now);
         self.breaker.adjust_limit(at);
-        let beats: Vec<Heartbeat> = (0..self.settings.max_concurrency as usize)
-            .map(|slot| {
-                let state = match self.running.get(slot) {
-                    None => WorkerState::Idle,
-                    Some(r) if r.planned.lock_wait => WorkerState::LockWait {
-                        waited: Duration::from_millis(now.saturating_sub(r.started)),
-                    },
-                    Some(_) => WorkerState::Applying,
-                };
-                Heartbeat {
-                    worker: slot as u64,
-                    state,
-                    at,
-                }
+        if self.fleet.as_ref().is_some_and(|m| !m.standing.evaluates()) {
+            // A follower times out its own probes, nothing else.
+            let t = self.breaker.probe_timeout(at);
+            self.note(t, now);
+            return;
+        }
+        let beats: Vec<Heartbeat> = self
+            .worker_states(now)
+            .into_iter()
+            .enumerate()
+            .map(|(slot, state)| Heartbeat {
+                worker: slot as u64,
+                state,
+                at,
             })
             .collect();
         self.breaker.observe_heartbeats(&beats, at);
@@ -299,6 +385,7 @@ impl Node {
         now: Ms,
         schedule: &Schedule,
         queue: &mut SimQueue,
+        store: &mut Option<Store>,
         violations: &mut Vec<Broken>,
     ) {
         let at = self.at(now);
@@ -328,7 +415,15 @@ impl Node {
             .filter_map(|k| k.parse().ok())
             .collect();
         for delivery in queue.claim(want, self.lease_ms(), &skip, now) {
-            self.admit(delivery, gate.probe_only, now, schedule, queue, violations);
+            self.admit(
+                delivery,
+                gate.probe_only,
+                now,
+                schedule,
+                queue,
+                store,
+                violations,
+            );
         }
     }
 
@@ -339,21 +434,24 @@ impl Node {
         now: Ms,
         schedule: &Schedule,
         queue: &mut SimQueue,
+        store: &mut Option<Store>,
         violations: &mut Vec<Broken>,
     ) {
         let at = self.at(now);
         let key = delivery.key.map(|k| k.to_string());
         let mut probe = None;
+        let mut slot = None;
         if probe_only {
             let ticket = if self.lanes.can_run(key.as_deref(), at) {
-                self.breaker.try_admit_probe(at)
+                self.admit_probe(store, now)
             } else {
                 None
             };
             match ticket {
-                Some(t) => {
+                Some((t, s)) => {
                     self.probes_admitted += 1;
                     probe = Some(t);
+                    slot = s;
                 }
                 None => {
                     queue.release(delivery.id, delivery.token, PROBE_REFUSED_MS, now);
@@ -365,6 +463,7 @@ impl Node {
         let job = Job {
             delivery,
             probe,
+            slot,
             laned,
         };
         match self.lanes.admit(key.as_deref(), job, at) {
@@ -373,6 +472,32 @@ impl Node {
             Admit::Release(job, delay) => {
                 queue.release(job.delivery.id, job.delivery.token, ms(delay), now);
             }
+        }
+    }
+
+    /// Half-open: a probe ticket, fleet-wide first (a slot of the store,
+    /// while it answers), then in this node's breaker (the controller's
+    /// `try_admit_probe`).
+    fn admit_probe(
+        &mut self,
+        store: &mut Option<Store>,
+        now: Ms,
+    ) -> Option<(ProbeTicket, Option<(u32, ProbeSlot)>)> {
+        let at = self.at(now);
+        match store.as_mut() {
+            Some(store) if store.up && self.fleet.is_some() => {
+                let (period, limit) = self.breaker.probe_period()?;
+                let timeout = self.config.half_open.probe_timeout_ms;
+                let slot = store.take_slot(period, limit, timeout, now)?;
+                match self.breaker.try_admit_probe_in(slot.period, at) {
+                    Some(ticket) => Some((ticket, Some((store.incarnation, slot)))),
+                    None => {
+                        store.give_back(slot);
+                        None
+                    }
+                }
+            }
+            _ => self.breaker.try_admit_probe(at).map(|t| (t, None)),
         }
     }
 
@@ -421,6 +546,7 @@ impl Node {
         schedule: &Schedule,
         queue: &mut SimQueue,
         db: &mut SimDb,
+        store: &mut Option<Store>,
         violations: &mut Vec<Broken>,
     ) {
         let at = self.at(now);
@@ -458,11 +584,32 @@ impl Node {
             class,
             latency: Duration::from_millis(now.saturating_sub(started)),
         };
+        if let Some(m) = self.fleet.as_mut() {
+            m.tally.add(outcome, self.breaker.slow_after());
+        }
         let t = match job.probe {
             Some(ticket) => self.breaker.record_probe_outcome(ticket, outcome, at),
             None => self.breaker.record_outcome(outcome, at),
         };
+        let moved = t.is_some();
         self.note(t, now);
+        // The fleet slot goes back with the outcome; a success counts
+        // fleet-wide (a store that lost it since: the slot is gone).
+        if let Some((incarnation, slot)) = job.slot
+            && let Some(store) = store.as_mut()
+            && store.up
+            && store.incarnation == incarnation
+        {
+            if class == OutcomeClass::Success && !moved {
+                let successes = store.succeeded(slot);
+                let t = self
+                    .breaker
+                    .fleet_probes_succeeded(slot.period, successes, at);
+                self.note(t, now);
+            } else {
+                store.give_back(slot);
+            }
+        }
         let lane_outcome = match &result {
             Ok(_) => LaneOutcome::Success,
             Err(e) if e.is_lock_related() => LaneOutcome::LockFailure,
@@ -486,8 +633,12 @@ impl Node {
                 .iter()
                 .find(|s| s.signal == breakwater_control::SignalKind::FailureRatio)
                 .map(|s| (s.value, s.threshold));
+            let standing = self
+                .fleet
+                .as_ref()
+                .map_or(String::new(), |m| format!(", {:?}", m.standing));
             println!(
-                "{now} ms node {}: message {} attempt {} {:?} -> {decision:?} (breaker {}, failure ratio {ratio:?})",
+                "{now} ms node {}: message {} attempt {} {:?} -> {decision:?} (breaker {}, failure ratio {ratio:?}{standing})",
                 self.index,
                 d.id,
                 d.attempts + 1,
@@ -592,6 +743,16 @@ impl Node {
 
     pub fn running(&self) -> usize {
         self.running.len()
+    }
+
+    /// The probes running under a fleet slot: the store incarnation and
+    /// half-open period of the slot, when the probe started.
+    pub fn fleet_probes(&self) -> impl Iterator<Item = (u32, u64, Ms)> + '_ {
+        self.running.iter().filter_map(|r| {
+            r.job
+                .slot
+                .map(|(incarnation, slot)| (incarnation, slot.period, r.started))
+        })
     }
 
     /// The running applies: message id, started, due to end.

@@ -1,10 +1,10 @@
 //! A fault schedule drawn from a seed: traffic, the database's faults
 //! (down, slow, flapping, hot rows), poison, worker crashes and stalls,
-//! bursts. Everything random in a run comes from the seed, so a failing
+//! bursts; in fleet mode the fleet store lost and wall clocks jumping. Everything random in a run comes from the seed, so a failing
 //! seed replays exactly.
 
-use rand::Rng;
 use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Milliseconds of simulated time.
 pub type Ms = u64;
@@ -48,7 +48,7 @@ pub enum DbFault {
 pub struct Schedule {
     pub seed: u64,
     /// Worker processes sharing the queue and the database (each its own
-    /// breaker, as outside a fleet).
+    /// breaker, unless they are a `fleet`).
     pub nodes: usize,
     /// Webhooks per second.
     pub rate: u32,
@@ -66,6 +66,13 @@ pub struct Schedule {
     pub crashes: Vec<(Span, usize)>,
     /// A node's process paused (a VM pause, a GC): nothing of it runs.
     pub stalls: Vec<(Span, usize)>,
+    /// Fleet mode: the nodes share one breaker through a fleet store
+    /// ([`crate::fleet`]); only with two nodes or more.
+    pub fleet: bool,
+    /// Fleet mode: the store down (it comes back empty).
+    pub store_down: Vec<Span>,
+    /// Fleet mode: a node's wall clock jumps by this many ms at this time.
+    pub clock_jumps: Vec<(Ms, usize, i64)>,
 }
 
 fn span(rng: &mut SmallRng, min_ms: Ms, max_ms: Ms) -> Span {
@@ -121,7 +128,7 @@ impl Schedule {
         let stalls = (0..usize::from(rng.random_bool(0.2)))
             .map(|_| (span(rng, 100, 35_000), rng.random_range(0..nodes)))
             .collect();
-        Self {
+        let mut schedule = Self {
             seed,
             nodes,
             rate: rng.random_range(5..=60),
@@ -132,7 +139,34 @@ impl Schedule {
             bursts,
             crashes,
             stalls,
+            fleet: false,
+            store_down: Vec::new(),
+            clock_jumps: Vec::new(),
+        };
+        if nodes > 1 {
+            // From a generator of their own, so the draws above (and the
+            // seeds found before fleet mode) stay what they were.
+            schedule.draw_fleet(&mut SmallRng::seed_from_u64(seed ^ 0xf1ee7));
         }
+        schedule
+    }
+
+    fn draw_fleet(&mut self, rng: &mut SmallRng) {
+        self.fleet = rng.random_bool(0.6);
+        if !self.fleet {
+            return;
+        }
+        self.store_down = (0..usize::from(rng.random_bool(0.3)))
+            .map(|_| span(rng, 500, 10_000))
+            .collect();
+        self.clock_jumps = (0..rng.random_range(0..=2))
+            .map(|_| {
+                let at = rng.random_range(FAULTS_START_MS..FAULTS_END_MS);
+                let by =
+                    rng.random_range(1_000..=60_000) * if rng.random_bool(0.5) { 1 } else { -1 };
+                (at, rng.random_range(0..self.nodes), by)
+            })
+            .collect();
     }
 
     /// When the last fault of the database, a node or the traffic ends.
@@ -141,6 +175,8 @@ impl Schedule {
         let ends = ends.chain(self.hot_rows.iter().map(|(s, _)| s.to));
         let ends = ends.chain(self.bursts.iter().map(|s| s.to));
         let ends = ends.chain(self.crashes.iter().map(|(s, _)| s.to));
+        let ends = ends.chain(self.store_down.iter().map(|s| s.to));
+        let ends = ends.chain(self.clock_jumps.iter().map(|(at, ..)| *at));
         ends.chain(self.stalls.iter().map(|(s, _)| s.to))
             .max()
             .unwrap_or(0)
@@ -152,6 +188,22 @@ impl Schedule {
             && self.hot_rows.is_empty()
             && self.crashes.is_empty()
             && self.stalls.is_empty()
+            && self.store_down.is_empty()
+            && self.clock_jumps.is_empty()
+    }
+
+    /// Whether the fleet store is down at `t`.
+    pub fn store_down(&self, t: Ms) -> bool {
+        self.store_down.iter().any(|s| s.holds(t))
+    }
+
+    /// How far `node`'s wall clock has jumped by `t`.
+    pub fn wall_offset_ms(&self, node: usize, t: Ms) -> i64 {
+        self.clock_jumps
+            .iter()
+            .filter(|(at, n, _)| *n == node && *at <= t)
+            .map(|(_, _, by)| by)
+            .sum()
     }
 
     pub fn db_fault(&self, t: Ms) -> Option<DbFault> {

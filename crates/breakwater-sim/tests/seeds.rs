@@ -15,6 +15,10 @@ fn ten_thousand_seeds_keep_every_promise() {
         batch.transitions > 1_000,
         "the faults moved the breakers: {batch}"
     );
+    assert!(
+        batch.fleet_seeds > 1_000 && batch.leases_taken > batch.fleet_seeds,
+        "fleet mode ran, and leases changed hands: {batch}"
+    );
     assert!(batch.failed.is_empty(), "{batch}");
 }
 

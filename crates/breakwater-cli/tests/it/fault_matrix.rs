@@ -20,6 +20,8 @@ use http::StatusCode;
 
 use crate::fleet::OwnRedis;
 use crate::nats::{OwnNats, QueueName};
+use crate::orders::BrokerQueue;
+use crate::own_brokers::{OwnMoto, OwnRabbit, OwnTansu};
 use crate::own_pg::OwnPostgres;
 use crate::utils::*;
 
@@ -429,69 +431,151 @@ async fn disk_full(http: &Http) -> Row {
     row
 }
 
-/// The test's own NATS JetStream server killed mid-burst and started
-/// again 5 s later on its store.
-async fn broker_restarted(http: &Http) -> Row {
+/// A burst of 1000 webhooks at 100 a second through the queue `queue_toml`
+/// names (with `extra` config), `fault` 3 s into it.
+async fn through_a_broker(
+    http: &Http,
+    fault_name: &'static str,
+    prefix: &'static str,
+    queue_toml: &str,
+    extra: &str,
+    fault: impl FnOnce(),
+) -> Row {
     let pg = OwnPostgres::start();
     let db = effects_db(&pg).await;
-    let mut nats = OwnNats::start();
-    let queue = QueueName::new(&nats.url());
-    let sandbox = Sandbox::with_queue(
-        &format!("{}request_timeout_ms = 500\n", queue.toml()),
-        &sink(&pg.url("postgres")),
-    );
+    let sandbox = Sandbox::with_queue(queue_toml, &format!("{extra}{}", sink(&pg.url("postgres"))));
     let server = sandbox.start();
     let plan = Plan {
-        fault: "NATS JetStream broker killed mid-burst, back 5 s later",
-        prefix: "evt_broker",
+        fault: fault_name,
+        prefix,
         sent: 1000,
         per_sec: 100,
         pad: 0,
         after: Duration::from_secs(3),
-    };
-    let fault = || {
-        nats.kill();
-        std::thread::sleep(Duration::from_secs(5));
-        nats.restart();
     };
     let row = run(http, &target(&server), plan, fault, async || db).await;
     drop(server);
     row
 }
 
+/// The test's own NATS JetStream server killed mid-burst and started
+/// again 5 s later on its store.
+async fn nats_killed(http: &Http) -> Row {
+    let mut nats = OwnNats::start();
+    let queue = QueueName::new(&nats.url());
+    let fault = || {
+        nats.kill();
+        std::thread::sleep(Duration::from_secs(5));
+        nats.restart();
+    };
+    through_a_broker(
+        http,
+        "NATS JetStream broker killed mid-burst, back 5 s later",
+        "evt_nats",
+        &format!("{}request_timeout_ms = 500\n", queue.toml()),
+        "",
+        fault,
+    )
+    .await
+}
+
+/// The test's own RabbitMQ node killed (SIGKILL to its VM) mid-burst and
+/// started again 5 s later on its store (durable queues, persistent
+/// messages).
+async fn rabbitmq_killed(http: &Http) -> Row {
+    let mut rabbit = OwnRabbit::start();
+    // The node, its queues with it, goes when the row ends.
+    let queue = BrokerQueue::new("rabbitmq", |_| {});
+    let queue_toml = format!("{}request_timeout_ms = 1000\n", queue.toml(&rabbit.url()));
+    let fault = || {
+        rabbit.kill();
+        std::thread::sleep(Duration::from_secs(5));
+        rabbit.restart();
+    };
+    through_a_broker(
+        http,
+        "RabbitMQ node killed (SIGKILL) mid-burst, back 5 s later",
+        "evt_rabbit",
+        &queue_toml,
+        "",
+        fault,
+    )
+    .await
+}
+
+/// The test's own Kafka broker (tansu, its log in S3) killed mid-burst
+/// and started again 5 s later.
+async fn kafka_killed(http: &Http) -> Row {
+    let mut tansu = OwnTansu::start(http).await;
+    let queue = BrokerQueue::new("kafka", |_| {});
+    let queue_toml = format!(
+        "{}partitions = 2\nsession_timeout_ms = 6000\ncommit_interval_ms = 100\nrequest_timeout_ms = 1000\n",
+        queue.toml(&tansu.url())
+    );
+    let fault = || {
+        tansu.kill();
+        std::thread::sleep(Duration::from_secs(5));
+        tansu.restart();
+    };
+    through_a_broker(
+        http,
+        "Kafka broker (tansu, log in S3) killed mid-burst, back 5 s later",
+        "evt_kafka",
+        &queue_toml,
+        "",
+        fault,
+    )
+    .await
+}
+
+/// The test's own SQS endpoint (moto) frozen for 10 s mid-burst: its
+/// connections stay open and nothing answers. (moto keeps its queues in
+/// memory, so it cannot be restarted; SQS itself never restarts, it
+/// hangs or goes out of reach.)
+async fn sqs_frozen(http: &Http) -> Row {
+    let moto = OwnMoto::start();
+    let queue = BrokerQueue::new("sqs", |_| {});
+    let queue_toml = format!("{}request_timeout_ms = 1000\n", queue.toml(&moto.url()));
+    let fault = || {
+        moto.freeze();
+        std::thread::sleep(Duration::from_secs(10));
+        moto.thaw();
+    };
+    through_a_broker(
+        http,
+        "SQS endpoint (moto) frozen (SIGSTOP) for 10 s mid-burst",
+        "evt_sqs",
+        &queue_toml,
+        "",
+        fault,
+    )
+    .await
+}
+
 /// The fleet store (a redis-server of the test's own) killed mid-burst
 /// and started again, empty, 5 s later; the queue on the machine's NATS.
 async fn redis_restarted(http: &Http) -> Row {
-    let pg = OwnPostgres::start();
-    let db = effects_db(&pg).await;
     let mut redis = OwnRedis::start();
     let queue = QueueName::new("nats://127.0.0.1:4222");
-    let sandbox = Sandbox::with_queue(
-        &queue.toml(),
-        &format!(
-            "[fleet]\nredis_url = \"{}\"\nprefix = \"bwfm_{}\"\n{}",
-            redis.url(),
-            std::process::id(),
-            sink(&pg.url("postgres"))
-        ),
+    let fleet = format!(
+        "[fleet]\nredis_url = \"{}\"\nprefix = \"bwfm_{}\"\n",
+        redis.url(),
+        std::process::id(),
     );
-    let server = sandbox.start();
-    let plan = Plan {
-        fault: "Redis (the fleet's store) killed mid-burst, back empty 5 s later",
-        prefix: "evt_redis",
-        sent: 1000,
-        per_sec: 100,
-        pad: 0,
-        after: Duration::from_secs(3),
-    };
     let fault = || {
         redis.kill();
         std::thread::sleep(Duration::from_secs(5));
         redis.restart();
     };
-    let row = run(http, &target(&server), plan, fault, async || db).await;
-    drop(server);
-    row
+    through_a_broker(
+        http,
+        "Redis (the fleet's store) killed mid-burst, back empty 5 s later",
+        "evt_redis",
+        &queue.toml(),
+        &fleet,
+        fault,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,7 +587,10 @@ async fn fault_matrix() {
         postgres_stopped(&http).await,
         breakwater_killed(&http).await,
         disk_full(&http).await,
-        broker_restarted(&http).await,
+        nats_killed(&http).await,
+        rabbitmq_killed(&http).await,
+        kafka_killed(&http).await,
+        sqs_frozen(&http).await,
         redis_restarted(&http).await,
     ];
     println!();

@@ -17,6 +17,7 @@ mod kafka;
 mod lab;
 mod nats;
 mod orders;
+mod own_brokers;
 mod own_pg;
 mod pg;
 mod rabbitmq;

@@ -996,6 +996,55 @@ fn other_nodes_outcomes_feed_the_failure_ratio() {
     );
 }
 
+/// A lease holder whose window is full of the fleet's successes from
+/// before an outage (the others' failures reach it a beat or two late)
+/// still holds a failing message back from the DLQ when its own calls
+/// fail: its own calls are judged apart.
+#[test]
+fn a_lease_holders_own_failures_hold_the_dlq_back_under_the_fleets_successes() {
+    let mut h = H::new(cfg());
+    h.outcomes(30, Outcome::success(Duration::from_millis(5)));
+    let before = OutcomeTally {
+        calls: 600,
+        ..OutcomeTally::default()
+    };
+    h.b.record_fleet_outcomes(&before, h.now);
+    // Failures among successes, never TROUBLE_STREAK in a row.
+    for _ in 0..20 {
+        h.outcomes(1, Outcome::success(Duration::from_millis(5)));
+        h.outcomes(1, Outcome::dependency(Duration::from_millis(5)));
+    }
+    // The fleet's window: 20 failures in 670 calls, under half the
+    // threshold; this node's own since the tallies came: 20 in 40.
+    let (failures, calls) = h.b.outcomes.failure_counts(h.b.ms(h.now));
+    assert!((failures as f64 / calls as f64) < cfg().failure_ratio.threshold / 2.0);
+    assert!(h.b.dependency_trouble(h.now));
+}
+
+/// A few failures among many successes are no trouble; the same few in a
+/// row, with nothing succeeding since, are (an outage's first second,
+/// while the window still holds the minutes before it).
+#[test]
+fn a_streak_of_failures_is_trouble_a_few_among_successes_are_not() {
+    let mut h = H::new(cfg());
+    let ok = Outcome::success(Duration::from_millis(5));
+    let failed = Outcome::dependency(Duration::from_millis(5));
+    h.outcomes(200, ok);
+    for _ in 0..TROUBLE_STREAK {
+        h.outcomes(1, failed);
+        h.outcomes(1, ok);
+    }
+    assert!(!h.b.dependency_trouble(h.now), "failures among successes");
+    h.outcomes(usize::try_from(TROUBLE_STREAK - 1).expect("small"), failed);
+    assert!(!h.b.dependency_trouble(h.now), "one short of the streak");
+    h.outcomes(1, failed);
+    assert!(h.b.dependency_trouble(h.now), "a streak");
+    h.outcomes(1, Outcome::permanent(Duration::from_millis(5)));
+    assert!(h.b.dependency_trouble(h.now), "poison leaves the streak");
+    h.outcomes(1, ok);
+    assert!(!h.b.dependency_trouble(h.now), "a success ends it");
+}
+
 #[test]
 fn the_limiter_sets_the_closed_limit_and_hands_over_to_the_ramp() {
     let mut c = cfg();

@@ -174,6 +174,13 @@ pub(crate) struct OutcomeSignals {
     slow_after: Duration,
     failures: RollingWindow<Calls>,
     slow: RollingWindow<Slow>,
+    /// This node's own calls over the failure window, kept apart once
+    /// other nodes' tallies join `failures` (a lease holder's window mixes
+    /// the fleet's outcomes, read a beat or two late).
+    own: Option<RollingWindow<Calls>>,
+    /// This node's latest calls that failed on the dependency in a row (a
+    /// success ends the streak; poison and contention leave it).
+    streak: u32,
 }
 
 impl OutcomeSignals {
@@ -184,6 +191,8 @@ impl OutcomeSignals {
             slow_after: Duration::from_millis(slow_cfg.slow_ms),
             failures: RollingWindow::new(Duration::from_secs(failure_cfg.window_secs)),
             slow: RollingWindow::new(Duration::from_secs(slow_cfg.window_secs)),
+            own: None,
+            streak: 0,
         }
     }
 
@@ -193,10 +202,19 @@ impl OutcomeSignals {
             OutcomeClass::KeyContention => self.failures.record(now_ms, |b| b.contended += 1),
             class => {
                 let failed = u64::from(class == OutcomeClass::Dependency);
-                self.failures.record(now_ms, |b| {
+                self.streak = if failed == 1 {
+                    self.streak.saturating_add(1)
+                } else {
+                    0
+                };
+                let call = |b: &mut Calls| {
                     b.calls += 1;
                     b.failures += failed;
-                });
+                };
+                self.failures.record(now_ms, call);
+                if let Some(own) = &mut self.own {
+                    own.record(now_ms, call);
+                }
                 let slow = u64::from(o.latency > self.slow_after);
                 self.slow.record(now_ms, |b| {
                     b.calls += 1;
@@ -208,6 +226,14 @@ impl OutcomeSignals {
 
     /// Records outcomes another node counted, as of `now_ms`.
     pub(crate) fn record_tally(&mut self, t: &OutcomeTally, now_ms: u64) {
+        if self.own.is_none() {
+            // From here on the window is the fleet's: this node's own
+            // calls are counted apart too (those before are in the fleet's
+            // window only, and age out of it).
+            self.own = Some(RollingWindow::new(Duration::from_secs(
+                self.failure_cfg.window_secs,
+            )));
+        }
         self.failures.record(now_ms, |b| {
             b.calls += t.calls;
             b.failures += t.failures;
@@ -230,12 +256,32 @@ impl OutcomeSignals {
     pub(crate) fn clear(&mut self) {
         self.failures.clear();
         self.slow.clear();
+        self.streak = 0;
+        if let Some(own) = &mut self.own {
+            own.clear();
+        }
     }
 
     /// Dependency failures and calls over the failure window.
     pub(crate) fn failure_counts(&self, now_ms: u64) -> (u64, u64) {
         let b = self.failures.sum(now_ms);
         (b.failures, b.calls)
+    }
+
+    /// How many of this node's latest calls failed on the dependency in a
+    /// row.
+    pub(crate) fn failure_streak(&self) -> u32 {
+        self.streak
+    }
+
+    /// This node's own dependency failures and calls over the failure
+    /// window, once other nodes' tallies are counted in it (`None` before:
+    /// the window holds this node's calls alone).
+    pub(crate) fn own_failure_counts(&self, now_ms: u64) -> Option<(u64, u64)> {
+        self.own.as_ref().map(|own| {
+            let b = own.sum(now_ms);
+            (b.failures, b.calls)
+        })
     }
 
     /// The failure ratio over the window, judged once the window holds

@@ -1,0 +1,268 @@
+//! Brokers of a test's own, for faults a test may not inflict on the
+//! machine's shared ones: a RabbitMQ node (its own name, ports and store),
+//! a Kafka broker (tansu, keeping its log in S3 on a moto of its own, so a
+//! restart finds its topics and offsets again) and an SQS endpoint (moto).
+//! Each is killed or frozen and started again by the fault matrix; each
+//! stops on drop.
+//!
+//! `scripts/fault-matrix.sh` installs what they run: `rabbitmq-server`,
+//! moto's server (`BREAKWATER_MOTO_SERVER`) and tansu (`BREAKWATER_TANSU`).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// Waits until `port` listens (`true`) or stops listening (`false`).
+fn wait_for(port: u16, up: bool, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while listening(port) != up {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not {} within {within:?}",
+            if up { "listen" } else { "stop" }
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let sent = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill {sig} {pid}");
+}
+
+/// The program an environment variable names (set by the script that
+/// installs it).
+fn program(var: &str) -> String {
+    std::env::var(var)
+        .unwrap_or_else(|_| panic!("{var} names the program (scripts/fault-matrix.sh sets it)"))
+}
+
+/// A RabbitMQ node of the test's own: its own node name, AMQP and
+/// distribution ports, store and log under a scratch directory (owned by
+/// the `rabbitmq` user, which Debian's `rabbitmq-server` runs as), no
+/// plugins. Needs root.
+pub(crate) struct OwnRabbit {
+    dir: tempfile::TempDir,
+    node: String,
+    port: u16,
+    dist_port: u16,
+    /// The Erlang VM's process, which a kill must reach (the wrapper
+    /// script that started it is not it).
+    beam: Option<u32>,
+}
+
+impl OwnRabbit {
+    pub(crate) fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("bw-own-rabbit-")
+            .tempdir()
+            .expect("tempdir");
+        let port = free_port();
+        std::fs::write(dir.path().join("enabled_plugins"), "[].\n").expect("plugins file");
+        std::fs::write(
+            dir.path().join("rabbitmq.conf"),
+            format!("listeners.tcp.local = 127.0.0.1:{port}\nloopback_users = none\n"),
+        )
+        .expect("config file");
+        let owned = Command::new("chown")
+            .args(["-R", "rabbitmq:"])
+            .arg(dir.path())
+            .status()
+            .expect("chown");
+        assert!(
+            owned.success(),
+            "the node's directory must be the rabbitmq user's (root needed)"
+        );
+        let mut me = Self {
+            node: format!("bwfm{}@localhost", std::process::id()),
+            port,
+            dist_port: free_port(),
+            dir,
+            beam: None,
+        };
+        me.spawn();
+        me
+    }
+
+    fn spawn(&mut self) {
+        let d = self.dir.path();
+        let env = |name: &str| d.join(name);
+        Command::new("rabbitmq-server")
+            .env("RABBITMQ_NODENAME", &self.node)
+            .env("RABBITMQ_NODE_PORT", self.port.to_string())
+            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+            .env("RABBITMQ_MNESIA_BASE", env("mnesia"))
+            .env("RABBITMQ_LOG_BASE", env("log"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", env("enabled_plugins"))
+            .env("RABBITMQ_CONFIG_FILE", env("rabbitmq.conf"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("rabbitmq-server is needed (Debian's rabbitmq-server): {e}")
+            });
+        wait_for(self.port, true, Duration::from_secs(90), "RabbitMQ");
+        self.beam = Some(self.beam_pid());
+    }
+
+    fn beam_pid(&self) -> u32 {
+        let out = Command::new("rabbitmqctl")
+            .args(["-n", &self.node, "eval", "os:getpid()."])
+            .output()
+            .expect("rabbitmqctl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .trim_matches('"')
+            .parse()
+            .unwrap_or_else(|_| panic!("the node's pid from rabbitmqctl: {text:?}"))
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+
+    /// SIGKILL to the node's VM: no clean shutdown.
+    pub(crate) fn kill(&mut self) {
+        if let Some(pid) = self.beam.take() {
+            signal(pid, "-KILL");
+            wait_for(self.port, false, Duration::from_secs(10), "RabbitMQ");
+        }
+    }
+
+    /// Starts the node again on its store.
+    pub(crate) fn restart(&mut self) {
+        self.spawn();
+    }
+}
+
+impl Drop for OwnRabbit {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A moto server of the test's own (SQS and S3, in memory).
+pub(crate) struct OwnMoto {
+    child: Child,
+    port: u16,
+}
+
+impl OwnMoto {
+    pub(crate) fn start() -> Self {
+        let port = free_port();
+        let child = Command::new(program("BREAKWATER_MOTO_SERVER"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start moto_server");
+        wait_for(port, true, Duration::from_secs(30), "moto_server");
+        Self { child, port }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGSTOP: connections stay open and nothing answers, as an endpoint
+    /// that hangs.
+    pub(crate) fn freeze(&self) {
+        signal(self.child.id(), "-STOP");
+    }
+
+    pub(crate) fn thaw(&self) {
+        signal(self.child.id(), "-CONT");
+    }
+}
+
+impl Drop for OwnMoto {
+    fn drop(&mut self) {
+        self.thaw();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A tansu broker of the test's own whose log lives in an S3 bucket on a
+/// moto of its own: killed and started again, it finds its topics, records
+/// and committed offsets where it left them.
+pub(crate) struct OwnTansu {
+    child: Child,
+    port: u16,
+    s3: OwnMoto,
+}
+
+impl OwnTansu {
+    pub(crate) async fn start(http: &crate::utils::Http) -> Self {
+        let s3 = OwnMoto::start();
+        let bucket = http
+            .send(
+                http::Method::PUT,
+                &format!("{}/tansu", s3.url()),
+                &[],
+                Vec::new(),
+            )
+            .await
+            .expect("moto answers");
+        assert!(
+            bucket.status.is_success(),
+            "create the bucket: {:?}",
+            bucket.status
+        );
+        let port = free_port();
+        let child = Self::spawn(port, &s3);
+        Self { child, port, s3 }
+    }
+
+    fn spawn(port: u16, s3: &OwnMoto) -> Child {
+        let listener = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(program("BREAKWATER_TANSU"))
+            .args(["broker", "--listener-url", &listener])
+            .args(["--advertised-listener-url", &listener])
+            .args(["--storage-engine", "s3://tansu/"])
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_DEFAULT_REGION", "us-east-1")
+            .env("AWS_ENDPOINT", s3.url())
+            .env("AWS_ALLOW_HTTP", "true")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        wait_for(port, true, Duration::from_secs(10), "tansu");
+        child
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub(crate) fn restart(&mut self) {
+        self.child = Self::spawn(self.port, &self.s3);
+    }
+}
+
+impl Drop for OwnTansu {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
