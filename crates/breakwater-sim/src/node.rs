@@ -93,6 +93,8 @@ pub struct Node {
     pub probes_admitted: u64,
     /// Its part in the fleet, in fleet mode.
     pub fleet: Option<Member>,
+    /// Hung probes of the schedule this node has started.
+    hung: usize,
 }
 
 impl Node {
@@ -128,6 +130,7 @@ impl Node {
             transitions: Vec::new(),
             probes_admitted: 0,
             fleet: fleet.then(|| Member::new(now)),
+            hung: 0,
         }
     }
 
@@ -161,7 +164,9 @@ impl Node {
         );
         let transitions = std::mem::take(&mut self.transitions);
         let probes = self.probes_admitted;
+        let hung = self.hung;
         *self = fresh;
+        self.hung = hung;
         self.transitions = transitions;
         self.probes_admitted = probes;
     }
@@ -530,7 +535,16 @@ impl Node {
                 ),
             });
         }
-        let planned = db::plan(schedule, job.delivery.key, job.delivery.poison, now);
+        let mut planned = db::plan(schedule, job.delivery.key, job.delivery.poison, now);
+        let hangs_due = schedule
+            .hung_probes
+            .iter()
+            .filter(|(at, n)| *n == self.index && *at <= now)
+            .count();
+        if job.probe.is_some() && self.hung < hangs_due {
+            self.hung += 1;
+            planned.took = crate::schedule::HANG_MS;
+        }
         self.running.push(Running {
             done_at: now + planned.took.max(1),
             started: now,
@@ -722,13 +736,14 @@ impl Node {
                 ),
             });
         }
-        if self.breaker.state() == State::HalfOpen {
+        // A probe of an earlier period (timed out, or half-open again since)
+        // no longer holds the breaker.
+        if let Some((period, _)) = self.breaker.probe_period() {
             let timeout = self.config.half_open.probe_timeout_ms + 2 * TICK_MS;
-            if let Some(r) = self
-                .running
-                .iter()
-                .find(|r| r.job.probe.is_some() && now.saturating_sub(r.started) > timeout)
-            {
+            if let Some(r) = self.running.iter().find(|r| {
+                r.job.probe.is_some_and(|t| t.period == period)
+                    && now.saturating_sub(r.started) > timeout
+            }) {
                 violations.push(Broken {
                     at: now,
                     what: format!(

@@ -73,7 +73,14 @@ pub struct Schedule {
     pub store_down: Vec<Span>,
     /// Fleet mode: a node's wall clock jumps by this many ms at this time.
     pub clock_jumps: Vec<(Ms, usize, i64)>,
+    /// From this time, the next probe a node starts hangs for
+    /// [`HANG_MS`], past every deadline (a driver that never gives up):
+    /// only the breaker's probe timeout ends its half-open period.
+    pub hung_probes: Vec<(Ms, usize)>,
 }
+
+/// How long a hung probe hangs.
+pub const HANG_MS: Ms = 60_000;
 
 fn span(rng: &mut SmallRng, min_ms: Ms, max_ms: Ms) -> Span {
     let len = rng.random_range(min_ms..=max_ms);
@@ -142,7 +149,14 @@ impl Schedule {
             fleet: false,
             store_down: Vec::new(),
             clock_jumps: Vec::new(),
+            hung_probes: Vec::new(),
         };
+        // Also from a generator of its own (see below).
+        let mut hang = SmallRng::seed_from_u64(seed ^ 0x4a46);
+        if !schedule.db.is_empty() && hang.random_bool(0.1) {
+            let at = hang.random_range(FAULTS_START_MS..FAULTS_END_MS);
+            schedule.hung_probes = vec![(at, hang.random_range(0..nodes))];
+        }
         if nodes > 1 {
             // From a generator of their own, so the draws above (and the
             // seeds found before fleet mode) stay what they were.
@@ -177,6 +191,9 @@ impl Schedule {
         let ends = ends.chain(self.crashes.iter().map(|(s, _)| s.to));
         let ends = ends.chain(self.store_down.iter().map(|s| s.to));
         let ends = ends.chain(self.clock_jumps.iter().map(|(at, ..)| *at));
+        // A hung probe ends by HANG_MS after its start, which is after
+        // its time; the traffic's end bounds when it can start.
+        let ends = ends.chain(self.hung_probes.iter().map(|_| TRAFFIC_MS + HANG_MS));
         ends.chain(self.stalls.iter().map(|(s, _)| s.to))
             .max()
             .unwrap_or(0)
@@ -190,6 +207,7 @@ impl Schedule {
             && self.stalls.is_empty()
             && self.store_down.is_empty()
             && self.clock_jumps.is_empty()
+            && self.hung_probes.is_empty()
     }
 
     /// Whether the fleet store is down at `t`.

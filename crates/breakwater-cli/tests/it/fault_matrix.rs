@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use breakwater_faultproxy::{Fault, FaultProxy};
 use http::StatusCode;
 
 use crate::fleet::OwnRedis;
@@ -431,12 +432,13 @@ async fn disk_full(http: &Http) -> Row {
     row
 }
 
-/// A burst of 1000 webhooks at 100 a second through the queue `queue_toml`
-/// names (with `extra` config), `fault` 3 s into it.
+/// A burst of `sent` webhooks at 100 a second through the queue
+/// `queue_toml` names (with `extra` config), `fault` 3 s into it.
 async fn through_a_broker(
     http: &Http,
     fault_name: &'static str,
     prefix: &'static str,
+    sent: usize,
     queue_toml: &str,
     extra: &str,
     fault: impl FnOnce(),
@@ -448,12 +450,26 @@ async fn through_a_broker(
     let plan = Plan {
         fault: fault_name,
         prefix,
-        sent: 1000,
+        sent,
         per_sec: 100,
         pad: 0,
         after: Duration::from_secs(3),
     };
     let row = run(http, &target(&server), plan, fault, async || db).await;
+    if row.lost > 0 {
+        // What the service said, for whoever reads why.
+        let said: Vec<String> = server
+            .log
+            .try_iter()
+            .filter(|l| !l.contains("CONFWARN"))
+            .collect();
+        let tail = &said[said.len().saturating_sub(40)..];
+        eprintln!(
+            "{}: the service's last log lines:\n{}",
+            row.fault,
+            tail.join("\n")
+        );
+    }
     drop(server);
     row
 }
@@ -472,6 +488,7 @@ async fn nats_killed(http: &Http) -> Row {
         http,
         "NATS JetStream broker killed mid-burst, back 5 s later",
         "evt_nats",
+        1000,
         &format!("{}request_timeout_ms = 500\n", queue.toml()),
         "",
         fault,
@@ -496,6 +513,7 @@ async fn rabbitmq_killed(http: &Http) -> Row {
         http,
         "RabbitMQ node killed (SIGKILL) mid-burst, back 5 s later",
         "evt_rabbit",
+        2500,
         &queue_toml,
         "",
         fault,
@@ -503,24 +521,24 @@ async fn rabbitmq_killed(http: &Http) -> Row {
     .await
 }
 
-/// The test's own Kafka broker (tansu, its log in S3) killed mid-burst
-/// and started again 5 s later.
-async fn kafka_killed(http: &Http) -> Row {
-    let mut tansu = OwnTansu::start(http).await;
+/// The test's own Kafka broker (tansu) frozen for 10 s mid-burst.
+async fn kafka_frozen(http: &Http) -> Row {
+    let tansu = OwnTansu::start();
     let queue = BrokerQueue::new("kafka", |_| {});
     let queue_toml = format!(
-        "{}partitions = 2\nsession_timeout_ms = 6000\ncommit_interval_ms = 100\nrequest_timeout_ms = 1000\n",
+        "{}partitions = 2\nsession_timeout_ms = 6000\ncommit_interval_ms = 100\n",
         queue.toml(&tansu.url())
     );
     let fault = || {
-        tansu.kill();
-        std::thread::sleep(Duration::from_secs(5));
-        tansu.restart();
+        tansu.freeze();
+        std::thread::sleep(Duration::from_secs(10));
+        tansu.thaw();
     };
     through_a_broker(
         http,
-        "Kafka broker (tansu, log in S3) killed mid-burst, back 5 s later",
+        "Kafka broker (tansu) frozen (SIGSTOP) for 10 s mid-burst",
         "evt_kafka",
+        2000,
         &queue_toml,
         "",
         fault,
@@ -528,28 +546,46 @@ async fn kafka_killed(http: &Http) -> Row {
     .await
 }
 
-/// The test's own SQS endpoint (moto) frozen for 10 s mid-burst: its
-/// connections stay open and nothing answers. (moto keeps its queues in
-/// memory, so it cannot be restarted; SQS itself never restarts, it
-/// hangs or goes out of reach.)
-async fn sqs_frozen(http: &Http) -> Row {
+/// The test's own SQS endpoint (moto) out of reach for 10 s mid-burst,
+/// behind a fault proxy that accepts connections and answers nothing (a
+/// network blackhole).
+///
+/// Not in the default set: moto does not survive the recovery. Right
+/// after the blackhole ends it answers, then slower, then (some 5 s on)
+/// not at all, even a plain request sent to it directly, and the row ends
+/// with webhooks unsettled; frozen with SIGSTOP instead it never answers
+/// again either. It measures moto, so it runs only when named
+/// (`FAULT_MATRIX_ROWS=sqs`), to try against LocalStack or a real queue.
+async fn sqs_blackholed(http: &Http) -> Row {
     let moto = OwnMoto::start();
+    let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), moto.addr())
+        .await
+        .expect("proxy");
     let queue = BrokerQueue::new("sqs", |_| {});
-    let queue_toml = format!("{}request_timeout_ms = 1000\n", queue.toml(&moto.url()));
+    let queue_toml = queue.toml(&format!("http://{}", proxy.local_addr()));
     let fault = || {
-        moto.freeze();
+        proxy.set(Fault::Blackhole);
         std::thread::sleep(Duration::from_secs(10));
-        moto.thaw();
+        proxy.set(Fault::None);
     };
-    through_a_broker(
+    let mut row = through_a_broker(
         http,
-        "SQS endpoint (moto) frozen (SIGSTOP) for 10 s mid-burst",
+        "SQS endpoint blackholed (nothing answered) for 10 s mid-burst",
         "evt_sqs",
+        2000,
         &queue_toml,
         "",
         fault,
     )
-    .await
+    .await;
+    if !moto.answers(Duration::from_secs(2)) {
+        row.note = format!(
+            "moto itself no longer answers a plain request (asked directly); {}",
+            row.note
+        );
+    }
+    proxy.shutdown().await;
+    row
 }
 
 /// The fleet store (a redis-server of the test's own) killed mid-burst
@@ -571,6 +607,7 @@ async fn redis_restarted(http: &Http) -> Row {
         http,
         "Redis (the fleet's store) killed mid-burst, back empty 5 s later",
         "evt_redis",
+        1000,
         &queue.toml(),
         &fleet,
         fault,
@@ -582,17 +619,39 @@ async fn redis_restarted(http: &Http) -> Row {
 #[ignore = "minutes long: scripts/fault-matrix.sh runs it"]
 async fn fault_matrix() {
     let http = Http::default();
-    let rows = vec![
-        postgres_restarted(&http).await,
-        postgres_stopped(&http).await,
-        breakwater_killed(&http).await,
-        disk_full(&http).await,
-        nats_killed(&http).await,
-        rabbitmq_killed(&http).await,
-        kafka_killed(&http).await,
-        sqs_frozen(&http).await,
-        redis_restarted(&http).await,
-    ];
+    // `FAULT_MATRIX_ROWS=kafka,sqs` runs only the rows so named.
+    let only = std::env::var("FAULT_MATRIX_ROWS").unwrap_or_default();
+    let named = |name: &str| only.split(',').any(|w| w.trim() == name);
+    let wanted = |name: &str| only.is_empty() || named(name);
+    let mut rows = Vec::new();
+    if wanted("postgres-restart") {
+        rows.push(postgres_restarted(&http).await);
+    }
+    if wanted("postgres-stop") {
+        rows.push(postgres_stopped(&http).await);
+    }
+    if wanted("sigkill") {
+        rows.push(breakwater_killed(&http).await);
+    }
+    if wanted("disk-full") {
+        rows.push(disk_full(&http).await);
+    }
+    if wanted("nats") {
+        rows.push(nats_killed(&http).await);
+    }
+    if wanted("rabbitmq") {
+        rows.push(rabbitmq_killed(&http).await);
+    }
+    if wanted("kafka") {
+        rows.push(kafka_frozen(&http).await);
+    }
+    if named("sqs") {
+        rows.push(sqs_blackholed(&http).await);
+    }
+    if wanted("redis") {
+        rows.push(redis_restarted(&http).await);
+    }
+    assert!(!rows.is_empty(), "no row named in FAULT_MATRIX_ROWS={only}");
     println!();
     println!(
         "| fault | sent | accepted | applied | dead-lettered | lost | duplicate effects | recovered | |"
