@@ -74,6 +74,8 @@ pub struct Report {
     pub duplicates: u64,
     pub transitions: usize,
     pub probes: u64,
+    /// Probes that hung past every deadline (the schedule's `hung_probes`).
+    pub hung_probes: usize,
     /// Fleet mode: controller leases taken, compare-and-sets lost.
     pub leases_taken: u64,
     pub cas_lost: u64,
@@ -103,6 +105,8 @@ pub struct Batch {
     /// Seeds run in fleet mode, and the controller leases taken in them.
     pub fleet_seeds: u64,
     pub leases_taken: u64,
+    /// Probes that hung past every deadline.
+    pub hung_probes: usize,
     /// Seeds that broke a promise, with the first one broken.
     pub failed: Vec<(u64, Broken)>,
 }
@@ -136,6 +140,7 @@ pub fn run_many(start: u64, count: u64, threads: usize) -> Batch {
                     b.transitions += r.transitions;
                     b.fleet_seeds += u64::from(r.schedule.fleet);
                     b.leases_taken += r.leases_taken;
+                    b.hung_probes += r.hung_probes;
                     if let Some(first) = r.violations.into_iter().next() {
                         b.failed.push((seed, first));
                     }
@@ -156,7 +161,7 @@ impl std::fmt::Display for Batch {
             f,
             "{} seeds: {} webhooks accepted, {} dead-lettered as poison, {} exhausted, {} duplicate \
              applies (no effect), {} breaker transitions; {} seeds in fleet mode ({} controller \
-             leases taken); {} seed(s) broke a promise",
+             leases taken); {} probes hung past every deadline; {} seed(s) broke a promise",
             self.seeds,
             self.accepted,
             self.dead_permanent,
@@ -165,6 +170,7 @@ impl std::fmt::Display for Batch {
             self.transitions,
             self.fleet_seeds,
             self.leases_taken,
+            self.hung_probes,
             self.failed.len()
         )?;
         for (seed, broken) in self.failed.iter().take(20) {
@@ -229,14 +235,8 @@ pub fn run(seed: u64) -> Report {
                 node.crash(&mut db, &mut rng, restart, now);
             }
             if schedule.node_runs(i, now) && node.next_event() <= now {
-                node.step(
-                    now,
-                    &schedule,
-                    &mut queue,
-                    &mut db,
-                    &mut store,
-                    &mut violations,
-                );
+                node.step(now, &schedule, &mut queue, &mut db, &mut store);
+                violations.append(&mut node.broken);
                 last_step[i] = now;
             }
         }
@@ -325,6 +325,7 @@ fn finish(
         duplicates: 0,
         transitions: nodes.iter().map(|n| n.transitions.len()).sum(),
         probes: nodes.iter().map(|n| n.probes_admitted).sum(),
+        hung_probes: nodes.iter().map(|n| n.hung).sum(),
         leases_taken: 0,
         cas_lost: 0,
         ended_ms: now,

@@ -94,7 +94,9 @@ pub struct Node {
     /// Its part in the fleet, in fleet mode.
     pub fleet: Option<Member>,
     /// Hung probes of the schedule this node has started.
-    hung: usize,
+    pub hung: usize,
+    /// Promises broken since the caller last took them.
+    pub broken: Vec<Broken>,
 }
 
 impl Node {
@@ -131,6 +133,7 @@ impl Node {
             probes_admitted: 0,
             fleet: fleet.then(|| Member::new(now)),
             hung: 0,
+            broken: Vec::new(),
         }
     }
 
@@ -186,7 +189,7 @@ impl Node {
             .min(beat)
     }
 
-    /// Runs everything due at `now`. `violations` collects broken promises.
+    /// Runs everything due at `now`; what it broke goes to `broken`.
     pub fn step(
         &mut self,
         now: Ms,
@@ -194,7 +197,6 @@ impl Node {
         queue: &mut SimQueue,
         db: &mut SimDb,
         store: &mut Option<Store>,
-        violations: &mut Vec<Broken>,
     ) {
         self.last_seen = now;
         if let (Some(m), Some(store)) = (self.fleet.as_mut(), store.as_mut()) {
@@ -213,7 +215,7 @@ impl Node {
         while i < self.running.len() {
             if self.running[i].done_at <= now {
                 let r = self.running.swap_remove(i);
-                self.settle(r, now, schedule, queue, db, store, violations);
+                self.settle(r, now, schedule, queue, db, store);
                 self.next_poll = now;
             } else {
                 i += 1;
@@ -239,14 +241,14 @@ impl Node {
         }
         if now >= self.next_poll {
             self.next_poll = now + POLL_MS;
-            self.dispatch(now, schedule, queue, store, violations);
+            self.dispatch(now, schedule, queue, store);
         }
         if let (Some(m), Some(store)) = (self.fleet.as_mut(), store.as_mut())
             && let Some(newer) = m.share(self.index, store, now)
         {
             self.follow(&newer, now);
         }
-        self.check(now, violations);
+        self.check(now);
     }
 
     /// A transition this node made: recorded and, in a fleet, to be shared.
@@ -391,7 +393,6 @@ impl Node {
         schedule: &Schedule,
         queue: &mut SimQueue,
         store: &mut Option<Store>,
-        violations: &mut Vec<Broken>,
     ) {
         let at = self.at(now);
         let gate = self.breaker.gate();
@@ -405,7 +406,7 @@ impl Node {
         let mut free = limit.saturating_sub(self.running.len());
         if free > 0 && !gate.probe_only {
             for job in self.lanes.due(at, free) {
-                self.spawn(job, now, schedule, violations);
+                self.spawn(job, now, schedule);
             }
             free = limit.saturating_sub(self.running.len());
         }
@@ -420,15 +421,7 @@ impl Node {
             .filter_map(|k| k.parse().ok())
             .collect();
         for delivery in queue.claim(want, self.lease_ms(), &skip, now) {
-            self.admit(
-                delivery,
-                gate.probe_only,
-                now,
-                schedule,
-                queue,
-                store,
-                violations,
-            );
+            self.admit(delivery, gate.probe_only, now, schedule, queue, store);
         }
     }
 
@@ -440,7 +433,6 @@ impl Node {
         schedule: &Schedule,
         queue: &mut SimQueue,
         store: &mut Option<Store>,
-        violations: &mut Vec<Broken>,
     ) {
         let at = self.at(now);
         let key = delivery.key.map(|k| k.to_string());
@@ -472,7 +464,7 @@ impl Node {
             laned,
         };
         match self.lanes.admit(key.as_deref(), job, at) {
-            Admit::Run(job) => self.spawn(job, now, schedule, violations),
+            Admit::Run(job) => self.spawn(job, now, schedule),
             Admit::Held => {}
             Admit::Release(job, delay) => {
                 queue.release(job.delivery.id, job.delivery.token, ms(delay), now);
@@ -506,10 +498,10 @@ impl Node {
         }
     }
 
-    fn spawn(&mut self, job: Job, now: Ms, schedule: &Schedule, violations: &mut Vec<Broken>) {
+    fn spawn(&mut self, job: Job, now: Ms, schedule: &Schedule) {
         let gate = self.breaker.gate();
         if !gate.may_poll {
-            violations.push(Broken {
+            self.broken.push(Broken {
                 at: now,
                 what: format!(
                     "node {} started message {} with the gate closed",
@@ -518,7 +510,7 @@ impl Node {
             });
         }
         if gate.probe_only && job.probe.is_none() {
-            violations.push(Broken {
+            self.broken.push(Broken {
                 at: now,
                 what: format!(
                     "node {} started message {} half-open without a probe ticket",
@@ -527,7 +519,7 @@ impl Node {
             });
         }
         if self.running.len() >= self.settings.max_concurrency as usize {
-            violations.push(Broken {
+            self.broken.push(Broken {
                 at: now,
                 what: format!(
                     "node {} ran more than its maximum of {}",
@@ -561,7 +553,6 @@ impl Node {
         queue: &mut SimQueue,
         db: &mut SimDb,
         store: &mut Option<Store>,
-        violations: &mut Vec<Broken>,
     ) {
         let at = self.at(now);
         let Running {
@@ -573,7 +564,7 @@ impl Node {
         let result: Result<Applied, SinkError> = match planned.result {
             Ok(_) => {
                 if job.delivery.poison {
-                    violations.push(Broken {
+                    self.broken.push(Broken {
                         at: now,
                         what: format!("poison message {} was applied", job.delivery.id),
                     });
@@ -682,7 +673,6 @@ impl Node {
             now,
             schedule,
             queue,
-            violations,
         );
     }
 
@@ -696,11 +686,10 @@ impl Node {
         now: Ms,
         schedule: &Schedule,
         queue: &mut SimQueue,
-        violations: &mut Vec<Broken>,
     ) {
         for job in next.run {
             if may_start {
-                self.spawn(job, now, schedule, violations);
+                self.spawn(job, now, schedule);
             } else {
                 self.lanes.unstart(job.key().as_deref());
                 queue.release(job.delivery.id, job.delivery.token, 0, now);
@@ -712,10 +701,10 @@ impl Node {
     }
 
     /// Promises a node keeps at every step.
-    fn check(&self, now: Ms, violations: &mut Vec<Broken>) {
+    fn check(&mut self, now: Ms) {
         let probes = self.breaker.outstanding_probes();
         if probes > self.config.half_open.max_probes {
-            violations.push(Broken {
+            self.broken.push(Broken {
                 at: now,
                 what: format!(
                     "node {} has {probes} probes out, more than {}",
@@ -726,7 +715,7 @@ impl Node {
         // The limiter may go past the workers' count up to its own
         // ceiling (the pool), never beyond.
         if self.breaker.limit() > self.settings.max_concurrency {
-            violations.push(Broken {
+            self.broken.push(Broken {
                 at: now,
                 what: format!(
                     "node {} limit {} above its maximum {}",
@@ -744,7 +733,7 @@ impl Node {
                 r.job.probe.is_some_and(|t| t.period == period)
                     && now.saturating_sub(r.started) > timeout
             }) {
-                violations.push(Broken {
+                self.broken.push(Broken {
                     at: now,
                     what: format!(
                         "node {} half-open with a probe out for {} ms, past its timeout",

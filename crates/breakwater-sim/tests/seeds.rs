@@ -19,13 +19,23 @@ fn ten_thousand_seeds_keep_every_promise() {
         batch.fleet_seeds > 1_000 && batch.leases_taken > batch.fleet_seeds,
         "fleet mode ran, and leases changed hands: {batch}"
     );
+    assert!(batch.hung_probes > 10, "probes hung: {batch}");
     assert!(batch.failed.is_empty(), "{batch}");
 }
 
-/// One seed replays exactly: the same schedule, the same outcome.
+/// One seed replays exactly: the same schedule, the same outcome (seed 31
+/// alone; seed 6457 a fleet whose store is lost and a wall clock jumps).
 #[test]
 fn a_seed_replays_exactly() {
-    let (a, b) = (breakwater_sim::run(31), breakwater_sim::run(31));
+    for seed in [31, 6457] {
+        replays_exactly(seed);
+    }
+    let fleet = breakwater_sim::run(6457).schedule;
+    assert!(fleet.fleet && !fleet.store_down.is_empty() && !fleet.clock_jumps.is_empty());
+}
+
+fn replays_exactly(seed: u64) {
+    let (a, b) = (breakwater_sim::run(seed), breakwater_sim::run(seed));
     assert_eq!(
         (
             a.accepted,
@@ -33,7 +43,9 @@ fn a_seed_replays_exactly() {
             a.dead_permanent,
             a.dead_exhausted,
             a.transitions,
-            a.probes
+            a.probes,
+            a.leases_taken,
+            a.cas_lost
         ),
         (
             b.accepted,
@@ -41,8 +53,10 @@ fn a_seed_replays_exactly() {
             b.dead_permanent,
             b.dead_exhausted,
             b.transitions,
-            b.probes
+            b.probes,
+            b.leases_taken,
+            b.cas_lost
         )
     );
-    assert!(a.transitions > 0, "seed 31 has an outage");
+    assert!(a.transitions > 0, "seed {seed} has an outage");
 }

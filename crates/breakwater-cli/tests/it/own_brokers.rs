@@ -64,6 +64,8 @@ pub(crate) struct OwnRabbit {
     /// The Erlang VM's process, which a kill must reach (the wrapper
     /// script that started it is not it).
     beam: Option<u32>,
+    /// The wrapper, reaped once the VM is gone.
+    wrapper: Option<Child>,
 }
 
 impl OwnRabbit {
@@ -94,6 +96,7 @@ impl OwnRabbit {
             dist_port: free_port(),
             dir,
             beam: None,
+            wrapper: None,
         };
         me.spawn();
         me
@@ -102,7 +105,7 @@ impl OwnRabbit {
     fn spawn(&mut self) {
         let d = self.dir.path();
         let env = |name: &str| d.join(name);
-        Command::new("rabbitmq-server")
+        let wrapper = Command::new("rabbitmq-server")
             .env("RABBITMQ_NODENAME", &self.node)
             .env("RABBITMQ_NODE_PORT", self.port.to_string())
             .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
@@ -116,6 +119,7 @@ impl OwnRabbit {
             .unwrap_or_else(|e| {
                 panic!("rabbitmq-server is needed (Debian's rabbitmq-server): {e}")
             });
+        self.wrapper = Some(wrapper);
         wait_for(self.port, true, Duration::from_secs(90), "RabbitMQ");
         self.beam = Some(self.beam_pid());
     }
@@ -141,6 +145,10 @@ impl OwnRabbit {
         if let Some(pid) = self.beam.take() {
             signal(pid, "-KILL");
             wait_for(self.port, false, Duration::from_secs(10), "RabbitMQ");
+        }
+        if let Some(mut wrapper) = self.wrapper.take() {
+            let _ = wrapper.kill();
+            let _ = wrapper.wait();
         }
     }
 
