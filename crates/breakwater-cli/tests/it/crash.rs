@@ -1,6 +1,6 @@
 //! A 2xx means durable: kill -9 the binary in the middle of a burst,
 //! restart it, and every event id that got a 2xx is in the queue exactly
-//! once.
+//! once; and the same a hundred times over (the crash loop, `#[ignore]`d).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -93,4 +93,105 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
     let body = stripe_event(&some, &format!("{}", order % 50));
     let a = post_stripe(&http, &server, body).await;
     assert_eq!(a.status, StatusCode::OK);
+}
+
+/// The crash loop: `CRASH_LOOP_CYCLES` (default 100) cycles of a burst and
+/// a SIGKILL at a random moment in it, the binary started again on the
+/// same store each time. After every restart, every event id that ever got
+/// a 2xx is stored exactly once, and each one acknowledged in the cycle
+/// before is answered 200 (a duplicate) when sent again. The kill moments
+/// come from `CRASH_LOOP_SEED` (default: the clock; printed).
+///
+/// Minutes long, so `#[ignore]`d: `cargo test -p breakwater-cli --test it
+/// -- --ignored --nocapture crash_loop`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long"]
+async fn crash_loop_loses_nothing_acknowledged() {
+    let cycles: usize = std::env::var("CRASH_LOOP_CYCLES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(100);
+    let seed: u64 = std::env::var("CRASH_LOOP_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| u64::try_from(unix_now()).unwrap_or(1));
+    println!("crash loop: {cycles} cycles, CRASH_LOOP_SEED={seed}");
+    // xorshift: enough to spread the kills, and replayable.
+    let mut state = seed.max(1);
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+    // A cycle's burst: longer than the latest kill (320 ms) takes to come.
+    const BURST: usize = 1500;
+    let sandbox = Sandbox::new("");
+    let http = Http::default();
+    let mut ever: HashSet<String> = HashSet::new();
+    let mut last_cycle: Vec<String> = Vec::new();
+    let mut cut_short = 0;
+    for cycle in 0..cycles {
+        let mut server = sandbox.start_ingress();
+        // What the last cycle acknowledged is a duplicate now.
+        for id in &last_cycle {
+            let body = stripe_event(id, "1");
+            let a = post_stripe(&http, &server, body).await;
+            assert_eq!(
+                a.status,
+                StatusCode::OK,
+                "cycle {cycle}: {id} not a duplicate"
+            );
+        }
+        let url = server.url("/webhooks/stripe");
+        let gate = Arc::new(Semaphore::new(32));
+        let tasks: Vec<_> = (0..BURST)
+            .map(|i| {
+                let (http, url, gate) = (http.clone(), url.clone(), gate.clone());
+                tokio::spawn(async move {
+                    let _permit = gate.acquire_owned().await.expect("semaphore");
+                    let event_id = format!("evt_loop_{cycle}_{i}");
+                    let body = stripe_event(&event_id, "1");
+                    let headers = stripe_headers(&body, unix_now());
+                    match http.send(http::Method::POST, &url, &headers, body).await {
+                        Ok(a) if a.status.is_success() => Some(event_id),
+                        _ => None,
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20 + next(300))).await;
+        server.kill9();
+        last_cycle.clear();
+        for t in tasks {
+            if let Some(id) = t.await.expect("task") {
+                last_cycle.push(id);
+            }
+        }
+        cut_short += usize::from(last_cycle.len() < BURST);
+        ever.extend(last_cycle.iter().cloned());
+
+        let db = rusqlite::Connection::open(sandbox.queue_db()).expect("open store");
+        let mut st = db
+            .prepare("SELECT event_id, COUNT(*) FROM messages GROUP BY event_id")
+            .expect("prepare");
+        let stored: std::collections::HashMap<String, i64> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .expect("query")
+            .map(|r| r.expect("row"))
+            .collect();
+        let twice: Vec<_> = stored.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "cycle {cycle}: stored twice: {twice:?}");
+        let lost: Vec<_> = ever.iter().filter(|id| !stored.contains_key(*id)).collect();
+        assert!(
+            lost.is_empty(),
+            "cycle {cycle}: acknowledged but lost: {lost:?}"
+        );
+    }
+    println!(
+        "crash loop: {cycles} cycles, {} webhooks acknowledged, every one stored once; \
+         {cut_short} cycles killed mid-burst",
+        ever.len()
+    );
+    assert!(cut_short > cycles / 2, "the kills came mid-burst");
 }
