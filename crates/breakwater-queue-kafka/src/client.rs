@@ -17,6 +17,17 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::config::KafkaConfig;
 use crate::names::Names;
 
+/// A consumer's longest wait on the broker for a fetch with nothing to
+/// return (`fetch.wait.max.ms`).
+const FETCH_WAIT_MS: u64 = 20;
+
+/// The socket timeout for `request_timeout_ms`: at least a second over a
+/// fetch's wait, which librdkafka asks of `socket.timeout.ms` (it warns at
+/// every client created otherwise, and an idle fetch could time out).
+fn socket_timeout_ms(request_timeout_ms: u64) -> u64 {
+    request_timeout_ms.max(FETCH_WAIT_MS + 1_000)
+}
+
 /// The properties every client of the queue starts from.
 pub(crate) fn base(url: &str, config: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
@@ -24,7 +35,7 @@ pub(crate) fn base(url: &str, config: &KafkaConfig) -> ClientConfig {
         .set("client.id", "breakwater")
         .set(
             "socket.timeout.ms",
-            config.request_timeout_ms.max(10).to_string(),
+            socket_timeout_ms(config.request_timeout_ms).to_string(),
         );
     for (k, v) in &config.librdkafka {
         c.set(k, v);
@@ -67,7 +78,7 @@ pub(crate) fn consumer_config(url: &str, config: &KafkaConfig, group: &str) -> C
         // broker: what a webhook arriving meanwhile may wait before a worker
         // sees it, where a broker does not answer a waiting fetch as soon
         // as data comes (librdkafka's default is 500 ms).
-        .set("fetch.wait.max.ms", "20");
+        .set("fetch.wait.max.ms", FETCH_WAIT_MS.to_string());
     c
 }
 
@@ -141,4 +152,23 @@ pub(crate) async fn delete_topics(url: &str, config: &KafkaConfig, names: &Names
     let options = AdminOptions::new()
         .operation_timeout(Some(Duration::from_millis(config.request_timeout_ms)));
     let _ = admin.delete_topics(&topics, &options).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A short request timeout still leaves librdkafka a second over the
+    /// fetch wait; a longer one is taken as it is.
+    #[test]
+    fn the_socket_timeout_stays_a_second_over_the_fetch_wait() {
+        assert_eq!(socket_timeout_ms(500), FETCH_WAIT_MS + 1_000);
+        assert_eq!(socket_timeout_ms(5_000), 5_000);
+        let config = KafkaConfig {
+            request_timeout_ms: 10,
+            ..KafkaConfig::default()
+        };
+        let c = base("127.0.0.1:9092", &config);
+        assert_eq!(c.get("socket.timeout.ms"), Some("1020"));
+    }
 }

@@ -33,7 +33,8 @@ pub struct KafkaConfig {
     /// 16,384).
     pub max_fetched: usize,
     /// Longest wait for `acks=all` on a produce, or for an answer from the
-    /// broker, in milliseconds.
+    /// broker, in milliseconds (the socket timeout is never under 1,020 ms,
+    /// a second over a consumer's fetch wait, as librdkafka asks).
     pub request_timeout_ms: u64,
     /// The consumer's group session timeout (`session.timeout.ms`).
     pub session_timeout_ms: u64,
