@@ -2,8 +2,9 @@
 # The fault matrix (not part of the unit suite; about 4 minutes): the real
 # binary against services started for it, never the machine's shared ones
 # where the fault would hit them (a PostgreSQL cluster of its own, initdb'd
-# on its own port; a nats-server, a RabbitMQ node, a tansu Kafka broker
-# and a redis-server, each of its own; a tmpfs under the embedded queue),
+# on its own port; a nats-server, a RabbitMQ node, a tansu Kafka broker,
+# a moto SQS endpoint behind a fault proxy and a redis-server, each of its
+# own; a tmpfs under the embedded queue),
 # one fault per row, and a
 # table of webhooks sent, accepted, applied, dead-lettered, lost, duplicate
 # effects and time to recover. Fails when a row loses a webhook or applies
@@ -15,8 +16,8 @@
 #   scripts/fault-matrix.sh
 #   FAULT_MATRIX_ROWS=kafka,sqs scripts/fault-matrix.sh   # some rows only:
 #     postgres-restart postgres-stop sigkill disk-full nats rabbitmq kafka
-#     redis, and sqs (only when named: moto stops answering in its
-#     recovery, see fault_matrix.rs)
+#     sqs redis, and sqs-blackhole (only when named: moto stops answering
+#     in its recovery, see fault_matrix.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

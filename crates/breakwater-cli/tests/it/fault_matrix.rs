@@ -547,15 +547,48 @@ async fn kafka_frozen(http: &Http) -> Row {
 }
 
 /// The test's own SQS endpoint (moto) out of reach for 10 s mid-burst,
+/// behind a fault proxy that resets every connection and refuses new ones
+/// (a partition the network reports).
+async fn sqs_refused(http: &Http) -> Row {
+    let moto = OwnMoto::start();
+    let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), moto.addr())
+        .await
+        .expect("proxy");
+    let queue = BrokerQueue::new("sqs", |_| {});
+    let queue_toml = queue.toml(&format!("http://{}", proxy.local_addr()));
+    let fault = || {
+        proxy.set(Fault::Refuse);
+        proxy.set(Fault::ResetAll);
+        proxy.set(Fault::Refuse);
+        std::thread::sleep(Duration::from_secs(10));
+        proxy.set(Fault::None);
+    };
+    let row = through_a_broker(
+        http,
+        "SQS endpoint unreachable (connections reset, refused) for 10 s mid-burst",
+        "evt_sqs",
+        2000,
+        &queue_toml,
+        "",
+        fault,
+    )
+    .await;
+    proxy.shutdown().await;
+    row
+}
+
+/// The test's own SQS endpoint (moto) out of reach for 10 s mid-burst,
 /// behind a fault proxy that accepts connections and answers nothing (a
 /// network blackhole).
 ///
-/// Not in the default set: moto does not survive the recovery. Right
+/// Not in the default set (`sqs-blackhole`): moto does not survive the
+/// recovery. Right
 /// after the blackhole ends it answers, then slower, then (some 5 s on)
 /// not at all, even a plain request sent to it directly, and the row ends
 /// with webhooks unsettled; frozen with SIGSTOP instead it never answers
 /// again either. It measures moto, so it runs only when named
-/// (`FAULT_MATRIX_ROWS=sqs`), to try against LocalStack or a real queue.
+/// (`FAULT_MATRIX_ROWS=sqs-blackhole`), to try against LocalStack or a
+/// real queue.
 async fn sqs_blackholed(http: &Http) -> Row {
     let moto = OwnMoto::start();
     let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), moto.addr())
@@ -571,7 +604,7 @@ async fn sqs_blackholed(http: &Http) -> Row {
     let mut row = through_a_broker(
         http,
         "SQS endpoint blackholed (nothing answered) for 10 s mid-burst",
-        "evt_sqs",
+        "evt_sqs_blackhole",
         2000,
         &queue_toml,
         "",
@@ -645,7 +678,10 @@ async fn fault_matrix() {
     if wanted("kafka") {
         rows.push(kafka_frozen(&http).await);
     }
-    if named("sqs") {
+    if wanted("sqs") {
+        rows.push(sqs_refused(&http).await);
+    }
+    if named("sqs-blackhole") {
         rows.push(sqs_blackholed(&http).await);
     }
     if wanted("redis") {
