@@ -547,9 +547,14 @@ async fn kafka_frozen(http: &Http) -> Row {
 }
 
 /// The test's own SQS endpoint (moto) out of reach for 10 s mid-burst,
-/// behind a fault proxy that resets every connection and refuses new ones
-/// (a partition the network reports).
-async fn sqs_refused(http: &Http) -> Row {
+/// behind a fault proxy that applies `cut` (in order) and then passes
+/// everything again.
+async fn sqs_cut_off(
+    http: &Http,
+    fault_name: &'static str,
+    prefix: &'static str,
+    cut: &[Fault],
+) -> Row {
     let moto = OwnMoto::start();
     let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), moto.addr())
         .await
@@ -557,60 +562,13 @@ async fn sqs_refused(http: &Http) -> Row {
     let queue = BrokerQueue::new("sqs", |_| {});
     let queue_toml = queue.toml(&format!("http://{}", proxy.local_addr()));
     let fault = || {
-        proxy.set(Fault::Refuse);
-        proxy.set(Fault::ResetAll);
-        proxy.set(Fault::Refuse);
+        for f in cut {
+            proxy.set(*f);
+        }
         std::thread::sleep(Duration::from_secs(10));
         proxy.set(Fault::None);
     };
-    let row = through_a_broker(
-        http,
-        "SQS endpoint unreachable (connections reset, refused) for 10 s mid-burst",
-        "evt_sqs",
-        2000,
-        &queue_toml,
-        "",
-        fault,
-    )
-    .await;
-    proxy.shutdown().await;
-    row
-}
-
-/// The test's own SQS endpoint (moto) out of reach for 10 s mid-burst,
-/// behind a fault proxy that accepts connections and answers nothing (a
-/// network blackhole).
-///
-/// Not in the default set (`sqs-blackhole`): moto does not survive the
-/// recovery. Right
-/// after the blackhole ends it answers, then slower, then (some 5 s on)
-/// not at all, even a plain request sent to it directly, and the row ends
-/// with webhooks unsettled; frozen with SIGSTOP instead it never answers
-/// again either. It measures moto, so it runs only when named
-/// (`FAULT_MATRIX_ROWS=sqs-blackhole`), to try against LocalStack or a
-/// real queue.
-async fn sqs_blackholed(http: &Http) -> Row {
-    let moto = OwnMoto::start();
-    let proxy = FaultProxy::start("127.0.0.1:0".parse().expect("addr"), moto.addr())
-        .await
-        .expect("proxy");
-    let queue = BrokerQueue::new("sqs", |_| {});
-    let queue_toml = queue.toml(&format!("http://{}", proxy.local_addr()));
-    let fault = || {
-        proxy.set(Fault::Blackhole);
-        std::thread::sleep(Duration::from_secs(10));
-        proxy.set(Fault::None);
-    };
-    let mut row = through_a_broker(
-        http,
-        "SQS endpoint blackholed (nothing answered) for 10 s mid-burst",
-        "evt_sqs_blackhole",
-        2000,
-        &queue_toml,
-        "",
-        fault,
-    )
-    .await;
+    let mut row = through_a_broker(http, fault_name, prefix, 2000, &queue_toml, "", fault).await;
     if !moto.answers(Duration::from_secs(2)) {
         row.note = format!(
             "moto itself no longer answers a plain request (asked directly); {}",
@@ -619,6 +577,38 @@ async fn sqs_blackholed(http: &Http) -> Row {
     }
     proxy.shutdown().await;
     row
+}
+
+/// Every connection to the SQS endpoint reset and new ones refused (a
+/// partition the network reports).
+async fn sqs_refused(http: &Http) -> Row {
+    sqs_cut_off(
+        http,
+        "SQS endpoint unreachable (connections reset, refused) for 10 s mid-burst",
+        "evt_sqs",
+        &[Fault::Refuse, Fault::ResetAll, Fault::Refuse],
+    )
+    .await
+}
+
+/// Connections to the SQS endpoint accepted and nothing answered (a
+/// network blackhole).
+///
+/// Not in the default set (`sqs-blackhole`): moto does not survive the
+/// recovery. Right after the blackhole ends it answers, then slower, then
+/// (some 5 s on) not at all, even a plain request sent to it directly, and
+/// the row ends with webhooks unsettled; frozen with SIGSTOP instead it
+/// never answers again either. It measures moto, so it runs only when
+/// named (`FAULT_MATRIX_ROWS=sqs-blackhole`), to try against LocalStack or
+/// a real queue.
+async fn sqs_blackholed(http: &Http) -> Row {
+    sqs_cut_off(
+        http,
+        "SQS endpoint blackholed (nothing answered) for 10 s mid-burst",
+        "evt_sqs_blackhole",
+        &[Fault::Blackhole],
+    )
+    .await
 }
 
 /// The fleet store (a redis-server of the test's own) killed mid-burst
