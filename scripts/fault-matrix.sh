@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fault matrix (not part of the unit suite; about 4 minutes): the real
+# The fault matrix (not part of the unit suite; about 8 minutes): the real
 # binary against services started for it, never the machine's shared ones
 # where the fault would hit them (a PostgreSQL cluster of its own, initdb'd
 # on its own port; a nats-server, a RabbitMQ node, a tansu Kafka broker,

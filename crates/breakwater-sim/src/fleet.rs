@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+pub use breakwater::breaker::Standing;
 use breakwater_control::{
     BreakerRecord, Heartbeat, LocalProbeSlots, OutcomeTally, ProbeSlot, ProbeSlots, SharedBreaker,
     Version, WorkerState,
@@ -33,23 +34,6 @@ pub const LEASE_MS: Ms = 3_000;
 const BEAT_TTL_MS: Ms = 10_000;
 /// Wall-clock milliseconds at simulated time 0.
 const WALL_BASE_MS: i64 = 1_800_000_000_000;
-
-/// Where a node stands in its fleet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
-    /// Holds the lease: evaluates the fleet's signals.
-    Leader,
-    /// Follows the record; times out only its own probes.
-    Follower,
-    /// The store does not answer: decides alone.
-    Fallback,
-}
-
-impl Standing {
-    pub fn evaluates(self) -> bool {
-        self != Self::Follower
-    }
-}
 
 /// A node's beat as the store keeps it.
 #[derive(Debug, Clone)]

@@ -253,13 +253,11 @@ impl Node {
 
     /// A transition this node made: recorded and, in a fleet, to be shared.
     fn note(&mut self, t: Option<Transition>, now: Ms) {
+        let at = self.at(now);
         if t.is_some()
             && let Some(m) = self.fleet.as_mut()
         {
-            m.changed(
-                self.breaker
-                    .shared_view(self.base + Duration::from_millis(now)),
-            );
+            m.changed(self.breaker.shared_view(at));
         }
         self.record_transition(t, now);
     }

@@ -9,16 +9,10 @@
 //! `scripts/fault-matrix.sh` installs what they run: `rabbitmq-server`,
 //! moto's server (`BREAKWATER_MOTO_SERVER`) and tansu (`BREAKWATER_TANSU`).
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use crate::own_pg::free_port;
 
 fn listening(port: u16) -> bool {
     std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
@@ -35,6 +29,17 @@ fn wait_for(port: u16, up: bool, within: Duration, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Starts `command` (output dropped) and waits until it listens on `port`.
+fn spawn_listening(command: &mut Command, port: u16, within: Duration, what: &str) -> Child {
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    wait_for(port, true, within, what);
+    child
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -173,13 +178,17 @@ pub(crate) struct OwnMoto {
 impl OwnMoto {
     pub(crate) fn start() -> Self {
         let port = free_port();
-        let child = Command::new(program("BREAKWATER_MOTO_SERVER"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server");
-        wait_for(port, true, Duration::from_secs(30), "moto_server");
+        let child = spawn_listening(
+            Command::new(program("BREAKWATER_MOTO_SERVER")).args([
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ]),
+            port,
+            Duration::from_secs(30),
+            "moto_server",
+        );
         Self { child, port }
     }
 
@@ -220,15 +229,15 @@ impl OwnTansu {
     pub(crate) fn start() -> Self {
         let port = free_port();
         let listener = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(program("BREAKWATER_TANSU"))
-            .args(["broker", "--listener-url", &listener])
-            .args(["--advertised-listener-url", &listener])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tansu");
-        wait_for(port, true, Duration::from_secs(10), "tansu");
+        let child = spawn_listening(
+            Command::new(program("BREAKWATER_TANSU"))
+                .args(["broker", "--listener-url", &listener])
+                .args(["--advertised-listener-url", &listener])
+                .args(["--storage-engine", "memory://tansu/"]),
+            port,
+            Duration::from_secs(10),
+            "tansu",
+        );
         Self { child, port }
     }
 
