@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes that may wait for the writer, shared by every enqueue.
 #[derive(Debug, Clone)]
-pub(crate) struct ByteBudget {
+pub struct ByteBudget {
     used: Arc<AtomicUsize>,
     max: usize,
 }
@@ -17,13 +17,13 @@ pub(crate) struct ByteBudget {
 /// Bytes held by one waiting enqueue, given back when it is dropped (once
 /// the writer has taken the message, or the enqueue was refused).
 #[derive(Debug)]
-pub(crate) struct Reserved {
+pub struct Reserved {
     used: Arc<AtomicUsize>,
     bytes: usize,
 }
 
 impl ByteBudget {
-    pub(crate) fn new(max: usize) -> Self {
+    pub fn new(max: usize) -> Self {
         Self {
             used: Arc::new(AtomicUsize::new(0)),
             max: max.max(1),
@@ -31,7 +31,7 @@ impl ByteBudget {
     }
 
     /// Reserves `bytes`, or `None` when they would pass the ceiling.
-    pub(crate) fn reserve(&self, bytes: usize) -> Option<Reserved> {
+    pub fn reserve(&self, bytes: usize) -> Option<Reserved> {
         let before = self.used.fetch_add(bytes, Ordering::AcqRel);
         if before.saturating_add(bytes) > self.max {
             self.used.fetch_sub(bytes, Ordering::AcqRel);

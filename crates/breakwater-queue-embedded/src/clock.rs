@@ -41,7 +41,7 @@ impl Anchor {
 }
 
 /// Milliseconds since the Unix epoch, as this process's queue counts them.
-pub(crate) fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     static ANCHOR: OnceLock<Anchor> = OnceLock::new();
     ANCHOR.get_or_init(Anchor::now).at(Instant::now())
 }

@@ -24,8 +24,8 @@
 //! only one of them should accept webhooks (two would not see each other's
 //! duplicates; the sink's inbox still applies each event once).
 
-mod budget;
-mod clock;
+pub mod budget;
+pub mod clock;
 pub mod config;
 pub(crate) mod dedup;
 pub(crate) mod store;

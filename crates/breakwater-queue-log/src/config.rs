@@ -1,0 +1,93 @@
+//! The segment-log backend's own keys of the `[queue]` table.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// `[queue]` keys of the log backend (beside the common `backend` and
+/// `lease_ms`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Directory holding the segments, the dedup file and the dead-letter
+    /// store.
+    pub path: PathBuf,
+    /// Size of each segment file, preallocated when it is created. A
+    /// webhook larger than a segment gets a segment of its own size.
+    pub segment_bytes: u64,
+    /// How long an applied event id is remembered to answer redeliveries
+    /// with 200 instead of queuing them twice, in seconds.
+    pub dedup_window_secs: u64,
+    /// Most event ids the dedup index holds (about 40 bytes each); past it
+    /// a redelivery of a new one is queued again and the inbox applies it
+    /// once.
+    pub dedup_index_max: usize,
+    /// Most operations written together with one fdatasync.
+    pub max_batch: usize,
+    /// Operations waiting for the writer before the ingress answers 503.
+    pub max_pending: usize,
+    /// Bytes of webhooks waiting for the writer before the ingress answers
+    /// 503.
+    pub max_pending_bytes: usize,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("data/queue"),
+            segment_bytes: 64 << 20,
+            dedup_window_secs: 7 * 24 * 3600,
+            dedup_index_max: 5_000_000,
+            max_batch: 1024,
+            max_pending: 16_384,
+            max_pending_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// The smallest segment: a header and room for a few frames.
+pub const MIN_SEGMENT_BYTES: u64 = 64 << 10;
+
+impl LogConfig {
+    /// The defaults with the store in `path`.
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The `[queue]` table that selects the log backend with these keys.
+    pub fn section(&self) -> breakwater_queue::QueueSection {
+        breakwater_queue::QueueSection {
+            backend: crate::BACKEND_NAME.to_owned(),
+            // Every field is a plain value: this cannot fail.
+            options: toml::Table::try_from(self).unwrap_or_default(),
+            ..breakwater_queue::QueueSection::default()
+        }
+    }
+
+    /// The log keys of a `[queue]` table, checked.
+    pub fn from_section(
+        section: &breakwater_queue::QueueSection,
+    ) -> Result<Self, breakwater_queue::ConfigProblem> {
+        use breakwater_queue::ConfigProblem;
+        let config: Self = section.own()?;
+        for (key, value) in [
+            ("max_batch", config.max_batch),
+            ("max_pending", config.max_pending),
+            ("max_pending_bytes", config.max_pending_bytes),
+        ] {
+            if value == 0 {
+                return Err(ConfigProblem::key(key, "must be at least 1"));
+            }
+        }
+        if config.segment_bytes < MIN_SEGMENT_BYTES {
+            return Err(ConfigProblem::key(
+                "segment_bytes",
+                format!("must be at least {MIN_SEGMENT_BYTES} (64 KiB)"),
+            ));
+        }
+        Ok(config)
+    }
+}

@@ -1,0 +1,747 @@
+//! The log's in-memory indexes: which messages are queued, where their
+//! records lie, when each is visible, who holds its lease, which event ids
+//! were seen, and how much of each segment is still live. Pure: no I/O,
+//! and time is passed in (`now`, Unix milliseconds), so every transition
+//! is tested without a disk or a clock.
+//!
+//! The writer thread owns the one [`Index`]; it changes it as it appends
+//! each record, and rebuilds it at start by [`Index::replay`]ing every
+//! record of every segment in order. Bodies are not held: a claim reads
+//! them back from the segment at the entry's [`Location`].
+//!
+//! - Queued messages not leased wait in `waiting`, ordered by (visible
+//!   at, id): a claim takes from the front what is visible, skipping the
+//!   keys it is asked to skip.
+//! - Leased ones sit in `leased`, ordered by lease expiry. A lease that
+//!   ran out moves back to `waiting` at the next claim, keeping its token
+//!   until another claim takes the message, so its holder may still
+//!   settle or extend it meanwhile (as the SQLite store allows).
+//! - The dedup index maps a 64-bit hash of (source, event id) to what was
+//!   seen: queued, dead-lettered, or settled (applied) within the dedup
+//!   window. It holds at most `dedup_max` entries; past that a new id is
+//!   not indexed (a redelivery is queued again and the inbox applies it
+//!   once). A hash match is taken as a duplicate: with 5 million ids
+//!   indexed, a new event id collides with one of them with probability
+//!   about 3 x 10^-13.
+//! - Each segment counts its live messages and their bytes, and keeps the
+//!   dedup hashes of the messages settled out of it: the writer reclaims a
+//!   segment once nothing in it is live, after writing those hashes to the
+//!   dedup file, and copies the last few live ones forward first.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use breakwater_queue::QueueStats;
+
+use crate::record::{CarriedState, Record, StoredMessage};
+
+/// Where a message's record lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// What the dedup index knows of an event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Queued as this message.
+    Queued(u64),
+    /// In the dead-letter store.
+    Dead,
+    /// Applied (acked) at this time.
+    Settled(i64),
+}
+
+/// A queued message's index entry.
+#[derive(Debug, Clone)]
+struct Entry {
+    loc: Location,
+    key: Option<Box<str>>,
+    dedup: u64,
+    received_at_ms: i64,
+    attempts: u32,
+    receives: u32,
+    replays: u32,
+    /// When it is visible; while leased, when the lease runs out.
+    visible_at_ms: i64,
+    /// The token of its latest claim, while that claim may settle it.
+    lease: Option<u64>,
+    /// In `leased` (true) or `waiting` (false).
+    leased: bool,
+}
+
+/// A claimed message, for the writer to read back and hand out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    pub id: u64,
+    pub loc: Location,
+    pub attempts: u32,
+    pub receives: u32,
+    pub lease: u64,
+}
+
+/// A message taken out of the log for the dead-letter store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub loc: Location,
+    pub attempts: u32,
+    pub replays: u32,
+}
+
+/// The receipt does not hold the message's current lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseLost;
+
+/// A segment's live part.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SegmentUse {
+    pub live: u64,
+    pub live_bytes: u64,
+    /// Dedup hashes (and when settled) of messages applied out of it.
+    pub tombstones: Vec<(u64, i64)>,
+}
+
+/// The indexes (see the module doc).
+#[derive(Debug)]
+pub(crate) struct Index {
+    entries: HashMap<u64, Entry>,
+    waiting: BTreeSet<(i64, u64)>,
+    leased: BTreeSet<(i64, u64)>,
+    seen: HashMap<u64, Seen>,
+    /// Settled entries of `seen` in the order they expire.
+    expiry: VecDeque<(i64, u64)>,
+    segments: BTreeMap<u64, SegmentUse>,
+    dedup_window_ms: i64,
+    dedup_max: usize,
+    next_id: u64,
+    next_lease: u64,
+    pub acked_total: u64,
+    pub dead_lettered_total: u64,
+}
+
+impl Index {
+    /// An empty index remembering applied event ids for `dedup_window_ms`
+    /// (0: not at all), at most `dedup_max` of them.
+    pub(crate) fn new(dedup_window_ms: i64, dedup_max: usize) -> Self {
+        Self {
+            entries: HashMap::new(),
+            waiting: BTreeSet::new(),
+            leased: BTreeSet::new(),
+            seen: HashMap::new(),
+            expiry: VecDeque::new(),
+            segments: BTreeMap::new(),
+            dedup_window_ms,
+            dedup_max,
+            next_id: 1,
+            next_lease: 1,
+            acked_total: 0,
+            dead_lettered_total: 0,
+        }
+    }
+
+    /// Queued messages.
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The id the next enqueue gets.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Ids below `id` are taken (by a store whose segments are gone).
+    pub(crate) fn reserve_ids_below(&mut self, id: u64) {
+        self.next_id = self.next_id.max(id);
+    }
+
+    /// Takes the next message id.
+    pub(crate) fn take_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// What is known of the event with dedup hash `hash`.
+    pub(crate) fn seen(&self, hash: u64) -> Option<Seen> {
+        self.seen.get(&hash).copied()
+    }
+
+    fn remember(&mut self, hash: u64, seen: Seen) {
+        if self.seen.len() < self.dedup_max || self.seen.contains_key(&hash) {
+            self.seen.insert(hash, seen);
+        }
+    }
+
+    /// Marks `hash` as settled at `at` (from the dedup file, at start).
+    pub(crate) fn remember_settled(&mut self, hash: u64, at: i64) {
+        if self.dedup_window_ms > 0 && self.seen.get(&hash).is_none() {
+            self.remember(hash, Seen::Settled(at));
+            if self.seen.contains_key(&hash) {
+                self.expiry.push_back((at, hash));
+            }
+        }
+    }
+
+    /// Marks `hash` as dead-lettered (from the dead-letter store).
+    pub(crate) fn remember_dead(&mut self, hash: u64) {
+        self.remember(hash, Seen::Dead);
+    }
+
+    /// Forgets `hash` (its dead letter was purged): the event is new again.
+    pub(crate) fn forget(&mut self, hash: u64) {
+        if self.seen.get(&hash) == Some(&Seen::Dead) {
+            self.seen.remove(&hash);
+        }
+    }
+
+    /// A segment now on disk, with nothing live in it yet.
+    pub(crate) fn add_segment(&mut self, segment: u64) {
+        self.segments.entry(segment).or_default();
+    }
+
+    /// The segments on disk, oldest first, with their live part.
+    pub(crate) fn segments(&self) -> impl Iterator<Item = (u64, &SegmentUse)> {
+        self.segments.iter().map(|(&s, u)| (s, u))
+    }
+
+    /// The oldest segment, if it holds nothing live.
+    pub(crate) fn oldest_if_empty(&self) -> Option<u64> {
+        self.segments
+            .iter()
+            .next()
+            .filter(|(_, u)| u.live == 0)
+            .map(|(&s, _)| s)
+    }
+
+    /// Forgets the oldest segment (reclaimed), handing back its tombstones.
+    pub(crate) fn remove_segment(&mut self, segment: u64) -> Vec<(u64, i64)> {
+        self.segments
+            .remove(&segment)
+            .map(|u| u.tombstones)
+            .unwrap_or_default()
+    }
+
+    /// The live messages whose records lie in `segment`, at most `max`.
+    pub(crate) fn live_in(&self, segment: u64, max: usize) -> Vec<(u64, Location)> {
+        let mut found: Vec<(u64, Location)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.loc.segment == segment)
+            .map(|(&id, e)| (id, e.loc))
+            .collect();
+        found.sort_unstable_by_key(|&(id, _)| id);
+        found.truncate(max);
+        found
+    }
+
+    /// The state a carry record copies forward for message `id`.
+    pub(crate) fn carried_state(&self, id: u64) -> Option<CarriedState> {
+        self.entries.get(&id).map(|e| CarriedState {
+            attempts: e.attempts,
+            replays: e.replays,
+            visible_at_ms: e.visible_at_ms,
+        })
+    }
+
+    /// Message `id`'s record now lies at `loc` (a carry was written).
+    pub(crate) fn moved(&mut self, id: u64, loc: Location) {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return;
+        };
+        let old = std::mem::replace(&mut entry.loc, loc);
+        if let Some(u) = self.segments.get_mut(&old.segment) {
+            u.live = u.live.saturating_sub(1);
+            u.live_bytes = u.live_bytes.saturating_sub(u64::from(old.len));
+        }
+        let u = self.segments.entry(loc.segment).or_default();
+        u.live += 1;
+        u.live_bytes += u64::from(loc.len);
+    }
+
+    /// Queues message `id` (an enqueue, a carry, a replay), visible per
+    /// `state`.
+    pub(crate) fn insert(
+        &mut self,
+        id: u64,
+        loc: Location,
+        entity_key: Option<&str>,
+        received_at_ms: i64,
+        hash: u64,
+        state: &CarriedState,
+    ) {
+        self.next_id = self.next_id.max(id + 1);
+        if let Some(old) = self.entries.get(&id).cloned() {
+            // A carry over its own earlier copy (replay of both).
+            self.unlink(id, &old);
+        }
+        let entry = Entry {
+            loc,
+            key: entity_key.map(Box::from),
+            dedup: hash,
+            received_at_ms,
+            attempts: state.attempts,
+            receives: state.attempts,
+            replays: state.replays,
+            visible_at_ms: state.visible_at_ms,
+            lease: None,
+            leased: false,
+        };
+        self.waiting.insert((entry.visible_at_ms, id));
+        let u = self.segments.entry(loc.segment).or_default();
+        u.live += 1;
+        u.live_bytes += u64::from(loc.len);
+        self.entries.insert(id, entry);
+        self.remember(hash, Seen::Queued(id));
+    }
+
+    /// Takes `id`'s entry out of the visibility sets and its segment's
+    /// live count.
+    fn unlink(&mut self, id: u64, entry: &Entry) {
+        let key = (entry.visible_at_ms, id);
+        if entry.leased {
+            self.leased.remove(&key);
+        } else {
+            self.waiting.remove(&key);
+        }
+        if let Some(u) = self.segments.get_mut(&entry.loc.segment) {
+            u.live = u.live.saturating_sub(1);
+            u.live_bytes = u.live_bytes.saturating_sub(u64::from(entry.loc.len));
+        }
+        self.entries.remove(&id);
+    }
+
+    /// Moves every lease that ran out by `now` back to `waiting`.
+    fn lapse_leases(&mut self, now: i64) {
+        while let Some(&(at, id)) = self.leased.first() {
+            if at > now {
+                break;
+            }
+            self.leased.pop_first();
+            if let Some(e) = self.entries.get_mut(&id) {
+                e.leased = false;
+                self.waiting.insert((at, id));
+            }
+        }
+    }
+
+    /// Claims up to `max` visible messages whose key is not in `skip`,
+    /// oldest visible first, under leases running out at `now + lease_ms`.
+    pub(crate) fn claim(
+        &mut self,
+        max: usize,
+        lease_ms: i64,
+        skip: &[String],
+        now: i64,
+    ) -> Vec<Claimed> {
+        self.lapse_leases(now);
+        let picked: Vec<(i64, u64)> = self
+            .waiting
+            .iter()
+            .take_while(|&&(at, _)| at <= now)
+            .filter(|&&(_, id)| {
+                skip.is_empty()
+                    || self.entries.get(&id).is_some_and(|e| {
+                        e.key
+                            .as_deref()
+                            .is_none_or(|k| !skip.iter().any(|s| s == k))
+                    })
+            })
+            .take(max)
+            .copied()
+            .collect();
+        let until = now.saturating_add(lease_ms);
+        let mut claimed = Vec::with_capacity(picked.len());
+        for key in picked {
+            self.waiting.remove(&key);
+            let id = key.1;
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            let lease = self.next_lease;
+            self.next_lease += 1;
+            e.lease = Some(lease);
+            e.leased = true;
+            e.receives += 1;
+            e.visible_at_ms = until;
+            self.leased.insert((until, id));
+            claimed.push(Claimed {
+                id,
+                loc: e.loc,
+                attempts: e.attempts,
+                receives: e.receives,
+                lease,
+            });
+        }
+        claimed
+    }
+
+    fn holding(&self, id: u64, lease: u64) -> Result<&Entry, LeaseLost> {
+        self.entries
+            .get(&id)
+            .filter(|e| e.lease == Some(lease))
+            .ok_or(LeaseLost)
+    }
+
+    /// Pushes the lease of `id` out to `until`; false if it was lost.
+    pub(crate) fn extend(&mut self, id: u64, lease: u64, until: i64) -> bool {
+        let Ok(e) = self.holding(id, lease) else {
+            return false;
+        };
+        let e = e.clone();
+        self.set_visible(id, &e, until, true);
+        true
+    }
+
+    /// Moves `id` to `at` in `waiting` (`leased` false) or `leased`.
+    fn set_visible(&mut self, id: u64, e: &Entry, at: i64, leased: bool) {
+        let old = (e.visible_at_ms, id);
+        if e.leased {
+            self.leased.remove(&old);
+        } else {
+            self.waiting.remove(&old);
+        }
+        if leased {
+            self.leased.insert((at, id));
+        } else {
+            self.waiting.insert((at, id));
+        }
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.visible_at_ms = at;
+            e.leased = leased;
+        }
+    }
+
+    /// Settles `id` as applied; the caller logs an ack.
+    pub(crate) fn ack(&mut self, id: u64, lease: u64, now: i64) -> Result<(), LeaseLost> {
+        self.holding(id, lease)?;
+        self.settle(id, now);
+        Ok(())
+    }
+
+    fn settle(&mut self, id: u64, now: i64) {
+        let Some(e) = self.entries.get(&id).cloned() else {
+            return;
+        };
+        self.unlink(id, &e);
+        self.acked_total += 1;
+        if self.dedup_window_ms == 0 {
+            if self.seen.get(&e.dedup) == Some(&Seen::Queued(id)) {
+                self.seen.remove(&e.dedup);
+            }
+            return;
+        }
+        if self.seen.contains_key(&e.dedup) {
+            self.seen.insert(e.dedup, Seen::Settled(now));
+            self.expiry.push_back((now, e.dedup));
+            if let Some(u) = self.segments.get_mut(&e.loc.segment) {
+                u.tombstones.push((e.dedup, now));
+            }
+        }
+    }
+
+    /// Makes `id` visible again at `visible_at`, counting an attempt
+    /// (`attempt`) or giving its receive back (a release).
+    pub(crate) fn unclaim(
+        &mut self,
+        id: u64,
+        lease: u64,
+        visible_at: i64,
+        attempt: bool,
+    ) -> Result<(), LeaseLost> {
+        let e = self.holding(id, lease)?.clone();
+        self.set_visible(id, &e, visible_at, false);
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.lease = None;
+            if attempt {
+                e.attempts += 1;
+            } else {
+                e.receives = e.receives.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `id` out of the log for the dead-letter store.
+    pub(crate) fn take_dead(&mut self, id: u64, lease: u64) -> Result<Taken, LeaseLost> {
+        let e = self.holding(id, lease)?.clone();
+        self.unlink(id, &e);
+        self.dead_lettered_total += 1;
+        self.remember(e.dedup, Seen::Dead);
+        Ok(Taken {
+            loc: e.loc,
+            attempts: e.attempts,
+            replays: e.replays,
+        })
+    }
+
+    /// Applies a record read back at start (no leases exist then).
+    pub(crate) fn replay(
+        &mut self,
+        id: u64,
+        loc: Location,
+        record: Record,
+        hash_of: impl Fn(&StoredMessage) -> u64,
+        now: i64,
+    ) {
+        match record {
+            Record::Enqueue(m) => {
+                let state = CarriedState {
+                    attempts: 0,
+                    replays: 0,
+                    visible_at_ms: m.received_at_ms,
+                };
+                let key = m.entity_key.as_deref();
+                self.insert(id, loc, key, m.received_at_ms, hash_of(&m), &state);
+            }
+            Record::Carry(m, state) => {
+                let key = m.entity_key.as_deref();
+                self.insert(id, loc, key, m.received_at_ms, hash_of(&m), &state);
+            }
+            Record::Ack => self.settle(id, now),
+            Record::Retry { visible_at_ms } | Record::Release { visible_at_ms } => {
+                let attempt = matches!(record, Record::Retry { .. });
+                if let Some(e) = self.entries.get(&id).cloned() {
+                    self.set_visible(id, &e, visible_at_ms, false);
+                    if let Some(e) = self.entries.get_mut(&id) {
+                        if attempt {
+                            e.attempts += 1;
+                            e.receives = e.attempts;
+                        }
+                    }
+                }
+            }
+            Record::DeadLetter => {
+                if let Some(e) = self.entries.get(&id).cloned() {
+                    self.unlink(id, &e);
+                    self.remember(e.dedup, Seen::Dead);
+                }
+            }
+            // Only the dedup file holds these.
+            Record::Tombstones(_) => {}
+        }
+    }
+
+    /// Where the record of `id` lies, if `lease` still holds it.
+    pub(crate) fn holding_location(&self, id: u64, lease: u64) -> Option<Location> {
+        self.holding(id, lease).ok().map(|e| e.loc)
+    }
+
+    /// Undoes the insert of `id`, whose record never reached the disk.
+    pub(crate) fn discard(&mut self, id: u64) {
+        if let Some(e) = self.entries.get(&id).cloned() {
+            self.unlink(id, &e);
+            if self.seen.get(&e.dedup) == Some(&Seen::Queued(id)) {
+                self.seen.remove(&e.dedup);
+            }
+        }
+    }
+
+    /// Puts back the tombstones of `segment` (its reclaim did not happen).
+    pub(crate) fn restore_tombstones(&mut self, segment: u64, tombstones: Vec<(u64, i64)>) {
+        self.segments.entry(segment).or_default().tombstones = tombstones;
+    }
+
+    /// How many applied event ids the index remembers.
+    pub(crate) fn settled_len(&self) -> usize {
+        self.expiry.len()
+    }
+
+    /// Forgets applied event ids settled before the dedup window.
+    pub(crate) fn prune(&mut self, now: i64) {
+        let horizon = now.saturating_sub(self.dedup_window_ms);
+        while let Some(&(at, hash)) = self.expiry.front() {
+            if at >= horizon {
+                break;
+            }
+            self.expiry.pop_front();
+            if self.seen.get(&hash) == Some(&Seen::Settled(at)) {
+                self.seen.remove(&hash);
+            }
+        }
+    }
+
+    /// The applied event ids still within the window, for rewriting the
+    /// dedup file.
+    pub(crate) fn settled(&self) -> Vec<(u64, i64)> {
+        self.expiry
+            .iter()
+            .filter(|&&(at, hash)| self.seen.get(&hash) == Some(&Seen::Settled(at)))
+            .map(|&(at, hash)| (hash, at))
+            .collect()
+    }
+
+    /// Counts, except `dead_lettered` (the dead-letter store's).
+    pub(crate) fn stats(&self, now: i64) -> QueueStats {
+        let delayed = self.waiting.range((now.saturating_add(1), 0)..).count() as u64;
+        let visible_waiting = self.waiting.len() as u64 - delayed;
+        let in_flight = self.leased.range((now.saturating_add(1), 0)..).count() as u64;
+        let lapsed = self.leased.len() as u64 - in_flight;
+        let oldest = self
+            .waiting
+            .range(..(now.saturating_add(1), 0))
+            .chain(self.leased.range(..(now.saturating_add(1), 0)))
+            .filter_map(|(_, id)| self.entries.get(id))
+            .map(|e| e.received_at_ms)
+            .min();
+        QueueStats {
+            visible: Some(visible_waiting + lapsed),
+            in_flight: Some(in_flight),
+            delayed: Some(delayed),
+            dead_lettered: None,
+            oldest_visible_age_ms: Some(oldest.map_or(0, |r| u64::try_from(now - r).unwrap_or(0))),
+            acked_total: Some(self.acked_total),
+            dead_lettered_total: Some(self.dead_lettered_total),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests::message;
+
+    fn fresh(now: i64) -> CarriedState {
+        CarriedState {
+            attempts: 0,
+            replays: 0,
+            visible_at_ms: now,
+        }
+    }
+
+    fn loc(segment: u64, offset: u64) -> Location {
+        Location {
+            segment,
+            offset,
+            len: 100,
+        }
+    }
+
+    fn with(n: u64, now: i64) -> Index {
+        let mut ix = Index::new(60_000, 1000);
+        for id in 1..=n {
+            let mut m = message(&format!("e{id}"));
+            m.entity_key = Some(format!("k{}", id % 2));
+            let key = m.entity_key.as_deref();
+            ix.insert(id, loc(1, id * 100), key, m.received_at_ms, id, &fresh(now));
+        }
+        ix
+    }
+
+    #[test]
+    fn a_claim_takes_the_oldest_visible_and_skips_keys() {
+        let mut ix = with(4, 10);
+        let got: Vec<u64> = ix
+            .claim(10, 1000, &["k1".to_owned()], 10)
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(got, vec![2, 4]);
+        assert!(ix.claim(10, 1000, &["k1".to_owned()], 10).is_empty());
+        let s = ix.stats(10);
+        assert_eq!(
+            (s.visible, s.in_flight, s.delayed),
+            (Some(2), Some(2), Some(0))
+        );
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_claimed_again_and_its_old_token_is_void() {
+        let mut ix = with(1, 0);
+        let first = ix.claim(1, 100, &[], 0)[0];
+        assert!(ix.claim(1, 100, &[], 50).is_empty());
+        // Lapsed but not yet claimed again: its holder may still settle.
+        assert_eq!(ix.stats(150).visible, Some(1));
+        let second = ix.claim(1, 100, &[], 150)[0];
+        assert_eq!(second.receives, 2);
+        assert_eq!(ix.ack(1, first.lease, 150), Err(LeaseLost));
+        assert_eq!(ix.ack(1, second.lease, 150), Ok(()));
+        assert_eq!(ix.len(), 0);
+        assert_eq!(ix.seen(1), Some(Seen::Settled(150)));
+    }
+
+    #[test]
+    fn retry_counts_an_attempt_release_gives_the_receive_back() {
+        let mut ix = with(1, 0);
+        let c = ix.claim(1, 100, &[], 0)[0];
+        ix.unclaim(1, c.lease, 500, true).expect("retry");
+        assert!(ix.claim(1, 100, &[], 499).is_empty(), "delayed");
+        assert_eq!(ix.stats(499).delayed, Some(1));
+        let c = ix.claim(1, 100, &[], 500)[0];
+        assert_eq!((c.attempts, c.receives), (1, 2));
+        ix.unclaim(1, c.lease, 500, false).expect("release");
+        let c = ix.claim(1, 100, &[], 500)[0];
+        assert_eq!((c.attempts, c.receives), (1, 2));
+        assert_eq!(ix.unclaim(1, c.lease + 1, 0, false), Err(LeaseLost));
+    }
+
+    #[test]
+    fn segments_count_what_is_live_and_keep_tombstones_of_what_settled() {
+        let mut ix = with(3, 0);
+        ix.add_segment(2);
+        let claimed = ix.claim(3, 100, &[], 0);
+        ix.ack(claimed[0].id, claimed[0].lease, 7).expect("ack");
+        ix.take_dead(claimed[1].id, claimed[1].lease).expect("dead");
+        let u = ix.segments().next().expect("segment 1").1.clone();
+        assert_eq!((u.live, u.live_bytes), (1, 100));
+        assert_eq!(u.tombstones, vec![(claimed[0].id, 7)]);
+        assert_eq!(ix.oldest_if_empty(), None);
+        // The last one is carried forward into segment 2.
+        let id = claimed[2].id;
+        assert_eq!(ix.live_in(1, 10), vec![(id, loc(1, id * 100))]);
+        ix.moved(id, loc(2, 16));
+        assert_eq!(ix.oldest_if_empty(), Some(1));
+        assert_eq!(ix.remove_segment(1), vec![(claimed[0].id, 7)]);
+        assert_eq!(ix.segments().next().map(|(s, u)| (s, u.live)), Some((2, 1)));
+        // Its lease survives the move.
+        ix.ack(id, claimed[2].lease, 8).expect("ack after move");
+    }
+
+    #[test]
+    fn applied_ids_are_forgotten_after_the_window_dead_ones_when_purged() {
+        let mut ix = with(2, 0);
+        let c = ix.claim(2, 100, &[], 0);
+        ix.ack(c[0].id, c[0].lease, 1_000).expect("ack");
+        ix.take_dead(c[1].id, c[1].lease).expect("dead");
+        ix.prune(61_000);
+        assert_eq!(ix.seen(c[0].id), Some(Seen::Settled(1_000)));
+        ix.prune(61_001);
+        assert_eq!(ix.seen(c[0].id), None);
+        assert_eq!(ix.seen(c[1].id), Some(Seen::Dead));
+        ix.forget(c[1].id);
+        assert_eq!(ix.seen(c[1].id), None);
+    }
+
+    #[test]
+    fn replaying_the_records_rebuilds_the_same_state() {
+        let m = message("e1");
+        let mut ix = Index::new(60_000, 10);
+        ix.replay(1, loc(1, 16), Record::Enqueue(m.clone()), |_| 77, 5);
+        ix.replay(2, loc(1, 200), Record::Enqueue(message("e2")), |_| 78, 5);
+        ix.replay(
+            1,
+            loc(1, 300),
+            Record::Retry { visible_at_ms: 900 },
+            |_| 0,
+            5,
+        );
+        ix.replay(2, loc(1, 400), Record::Ack, |_| 0, 5);
+        let s = ix.stats(899);
+        assert_eq!((s.visible, s.delayed), (Some(0), Some(1)));
+        let c = ix.claim(1, 10, &[], 900)[0];
+        assert_eq!((c.id, c.attempts), (1, 1));
+        assert_eq!(ix.seen(78), Some(Seen::Settled(5)));
+        assert_eq!(ix.next_id(), 3);
+    }
+
+    #[test]
+    fn a_full_dedup_index_indexes_no_new_id() {
+        let mut ix = Index::new(60_000, 2);
+        for id in 1..=3 {
+            ix.insert(id, loc(1, id), None, 0, id, &fresh(0));
+        }
+        assert_eq!(ix.seen(2), Some(Seen::Queued(2)));
+        assert_eq!(ix.seen(3), None);
+        assert_eq!(ix.len(), 3);
+    }
+}

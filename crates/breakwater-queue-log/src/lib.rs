@@ -1,0 +1,473 @@
+//! The segment-log queue: a single-node backend of the queue contract
+//! ([`breakwater_queue::Queue`]) whose hot path costs about what the disk
+//! does. `[queue] backend = "log"`.
+//!
+//! - [`record`]: the framing (`length | crc32c | type | id | payload`) and
+//!   the records (enqueue, carry, ack, retry, release, dead-letter).
+//! - [`segment`]: preallocated segment files and reading one back, torn
+//!   tails and damaged frames included.
+//! - [`index`]: what is queued, visible, leased and seen, in memory and
+//!   pure (time passed in), rebuilt from the segments at start.
+//! - [`writer`]: the one thread that appends each group with one write and
+//!   one `fdatasync`, replies after it, and reclaims segments.
+//! - [`dlq`]: dead letters, in a small SQLite store beside the segments.
+//! - [`dedup_file`]: the applied event ids of reclaimed segments, so a
+//!   restart still knows them within the dedup window.
+//!
+//! One process owns a store at a time (a lock on `lock` in the
+//! directory): while `serve` runs, the CLI reaches the queue through the
+//! admin API. Work that needs no state (the dedup hash, the record's
+//! encoding and checksum) is done on the caller's thread.
+
+pub mod config;
+mod dedup_file;
+mod dlq;
+mod index;
+mod record;
+mod segment;
+pub mod telemetry;
+mod writer;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use breakwater_queue::{
+    Backend, Capabilities, ConfigProblem, DeadLetter, DeadLetterReason, Delivery, DlqPage,
+    Enqueued, Flow, NewMessage, OpenMode, Queue, QueueError, QueueSection, QueueStats, Receipt,
+    StatKind,
+};
+use breakwater_queue_embedded::budget::ByteBudget;
+use tokio::sync::{mpsc, oneshot};
+
+pub use self::config::LogConfig;
+use self::record::{EncodedMessage, StoredMessage};
+use self::writer::{Incoming, Op, Reply, Settings, Writer};
+
+/// The name `[queue] backend` selects this backend by.
+pub const BACKEND_NAME: &str = "log";
+
+/// File name of the lock that keeps a second process out.
+const LOCK_FILE: &str = "lock";
+
+/// The token of a receipt: the message and the lease it was claimed under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseToken {
+    pub id: u64,
+    pub lease: u64,
+}
+
+/// The dedup hash of an event: stable across processes and versions
+/// (XXH3, 64 bits), since the dedup file keeps it.
+pub(crate) fn dedup_hash(source: &str, event_id: &str) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(source.as_bytes());
+    h.update(&[0xff]);
+    h.update(event_id.as_bytes());
+    h.digest()
+}
+
+/// The flow window when no flow was set: unbounded.
+const UNBOUNDED: u32 = u32::MAX;
+
+/// The segment-log queue.
+#[derive(Clone)]
+pub struct LogQueue {
+    ops: mpsc::Sender<Op>,
+    reader: Arc<Mutex<rusqlite::Connection>>,
+    path: PathBuf,
+    window: Arc<AtomicU32>,
+    budget: ByteBudget,
+}
+
+impl std::fmt::Debug for LogQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogQueue")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn storage(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Storage(e.to_string())
+}
+
+impl LogQueue {
+    /// Opens (creating if needed) the store under `config.path` and starts
+    /// its writer thread; it ends when the last clone is dropped.
+    pub fn open(config: &LogConfig) -> Result<Self, QueueError> {
+        std::fs::create_dir_all(&config.path).map_err(|e| {
+            QueueError::Storage(format!("cannot create {}: {e}", config.path.display()))
+        })?;
+        Self::start(config)
+    }
+
+    /// Opens the store only if it exists ([`QueueError::Missing`]
+    /// otherwise), for read-only commands.
+    pub fn open_existing(config: &LogConfig) -> Result<Self, QueueError> {
+        let lock = config.path.join(LOCK_FILE);
+        if !lock.is_file() {
+            return Err(QueueError::Missing {
+                location: config.path.display().to_string(),
+            });
+        }
+        Self::start(config)
+    }
+
+    fn start(config: &LogConfig) -> Result<Self, QueueError> {
+        let dir = config.path.clone();
+        let lock = lock(&dir)?;
+        let settings = Settings {
+            dir: dir.clone(),
+            max_batch: config.max_batch.max(1),
+            segment_bytes: config.segment_bytes.max(config::MIN_SEGMENT_BYTES),
+        };
+        let window_ms = i64::try_from(config.dedup_window_secs)
+            .unwrap_or(i64::MAX / 1000)
+            .saturating_mul(1000);
+        let started = std::time::Instant::now();
+        let (writer, opened) = Writer::open(settings, window_ms, config.dedup_index_max)?;
+        tracing::info!(
+            path = %dir.display(),
+            segments = opened.segments,
+            queued = opened.queued,
+            corrupt_frames = opened.corrupt_frames,
+            torn_bytes = opened.torn_bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "queue log opened"
+        );
+        let reader = dlq::open(&dir).map_err(storage)?;
+        let (tx, rx) = mpsc::channel(config.max_pending.max(1));
+        std::thread::Builder::new()
+            .name("queue-writer".into())
+            .spawn(move || {
+                // Held for as long as the writer runs.
+                let _lock = lock;
+                writer.run(rx);
+            })
+            .map_err(storage)?;
+        Ok(Self {
+            ops: tx,
+            reader: Arc::new(Mutex::new(reader)),
+            path: dir,
+            window: Arc::new(AtomicU32::new(UNBOUNDED)),
+            budget: ByteBudget::new(config.max_pending_bytes),
+        })
+    }
+
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, QueueError> {
+        let (tx, rx) = oneshot::channel();
+        self.ops
+            .send(make(tx))
+            .await
+            .map_err(|_| QueueError::Closed)?;
+        rx.await.map_err(|_| QueueError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, QueueError> {
+        let reader = Arc::clone(&self.reader);
+        tokio::task::spawn_blocking(move || {
+            let conn = reader.lock().map_err(|_| QueueError::Closed)?;
+            f(&conn).map_err(storage)
+        })
+        .await
+        .map_err(storage)?
+    }
+}
+
+/// Takes the store's lock, or says which process holds it.
+fn lock(dir: &Path) -> Result<File, QueueError> {
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| QueueError::Storage(format!("cannot open {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(QueueError::Storage(format!(
+            "the queue log at {} is open in another process (a running `breakwater serve`?): \
+             reach it through the admin API instead",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(QueueError::Storage(format!(
+            "cannot lock {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn parse_id(id: &str) -> Result<i64, QueueError> {
+    id.parse()
+        .map_err(|_| QueueError::NotFound { id: id.to_owned() })
+}
+
+fn parse_ids(ids: &[String]) -> Result<Vec<i64>, QueueError> {
+    ids.iter().map(|s| parse_id(s)).collect()
+}
+
+fn lease_token(receipt: &Receipt) -> Result<LeaseToken, QueueError> {
+    receipt
+        .token::<LeaseToken>()
+        .copied()
+        .ok_or(QueueError::ForeignReceipt)
+}
+
+/// Every stats field: the log counts them all.
+const ALL_STATS: &[StatKind] = &[
+    StatKind::Visible,
+    StatKind::InFlight,
+    StatKind::Delayed,
+    StatKind::DeadLettered,
+    StatKind::OldestVisibleAge,
+    StatKind::AckedTotal,
+    StatKind::DeadLetteredTotal,
+];
+
+#[async_trait]
+impl Queue for LogQueue {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_delay: true,
+            native_dedup: true,
+            counts_attempts: true,
+            counts_receives: true,
+            filters_keys: true,
+            push: false,
+            stats: ALL_STATS,
+        }
+    }
+
+    async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {
+        let hash = dedup_hash(&message.source, &message.event_id);
+        let entity_key = message.entity_key.clone();
+        let received_at_ms = message.received_at_ms;
+        let stored = StoredMessage {
+            source: message.source,
+            event_id: message.event_id,
+            entity_key: message.entity_key,
+            headers: message.headers,
+            body: message.body,
+            received_at_ms,
+        };
+        let encoded = EncodedMessage::new(&stored);
+        let reserved = self
+            .budget
+            .reserve(encoded.frame_len())
+            .ok_or(QueueError::Full {
+                pending: self.ops.max_capacity() - self.ops.capacity(),
+            })?;
+        let incoming = Incoming {
+            hash,
+            entity_key,
+            received_at_ms,
+            encoded,
+            queued_at: std::time::Instant::now(),
+            _reserved: reserved,
+        };
+        let (tx, rx) = oneshot::channel();
+        self.ops
+            .try_send(Op::Enqueue(Box::new(incoming), tx))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => QueueError::Full {
+                    pending: self.ops.max_capacity(),
+                },
+                mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
+            })?;
+        rx.await.map_err(|_| QueueError::Closed)?
+    }
+
+    async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {
+        self.claim_skipping(max, lease, &[]).await
+    }
+
+    async fn claim_skipping(
+        &self,
+        max: usize,
+        lease: Duration,
+        skip_keys: &[String],
+    ) -> Result<Vec<Delivery>, QueueError> {
+        let max = max.min(self.window.load(Ordering::Acquire) as usize);
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let skip = skip_keys.to_vec();
+        self.call(|reply| Op::Claim {
+            max,
+            lease_ms: millis(lease),
+            skip,
+            reply,
+        })
+        .await
+    }
+
+    async fn ack(&self, receipt: &Receipt) -> Result<(), QueueError> {
+        let token = lease_token(receipt)?;
+        self.call(|reply| Op::Ack { token, reply }).await
+    }
+
+    async fn extend_leases(
+        &self,
+        receipts: &[Receipt],
+        lease: Duration,
+    ) -> Result<usize, QueueError> {
+        let tokens = receipts
+            .iter()
+            .map(lease_token)
+            .collect::<Result<Vec<_>, _>>()?;
+        let lease_ms = millis(lease);
+        self.call(|reply| Op::Extend {
+            tokens,
+            lease_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn retry_later(
+        &self,
+        receipt: &Receipt,
+        delay: Duration,
+        _error: &str,
+    ) -> Result<(), QueueError> {
+        let token = lease_token(receipt)?;
+        self.call(|reply| Op::Unclaim {
+            token,
+            delay_ms: millis(delay),
+            attempt: true,
+            reply,
+        })
+        .await
+    }
+
+    async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), QueueError> {
+        let token = lease_token(receipt)?;
+        self.call(|reply| Op::Unclaim {
+            token,
+            delay_ms: millis(delay),
+            attempt: false,
+            reply,
+        })
+        .await
+    }
+
+    async fn dead_letter(
+        &self,
+        receipt: &Receipt,
+        reason: &DeadLetterReason,
+    ) -> Result<(), QueueError> {
+        let token = lease_token(receipt)?;
+        let (class, error) = (reason.class.clone(), reason.error.clone());
+        self.call(|reply| Op::DeadLetter {
+            token,
+            class,
+            error,
+            reply,
+        })
+        .await
+    }
+
+    async fn set_flow(&self, flow: Flow) -> Result<(), QueueError> {
+        self.window.store(flow.window(), Ordering::Release);
+        Ok(())
+    }
+
+    async fn stats(&self) -> Result<QueueStats, QueueError> {
+        self.call(|reply| Op::Stats { reply }).await
+    }
+
+    async fn ready(&self) -> Result<(), QueueError> {
+        if self.ops.is_closed() {
+            Err(QueueError::Closed)
+        } else if self.ops.capacity() == 0 {
+            Err(QueueError::Full {
+                pending: self.ops.max_capacity(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    async fn dlq_list(&self, page: &DlqPage) -> Result<Vec<DeadLetter>, QueueError> {
+        let after = page.after.as_deref().map(parse_id).transpose()?;
+        let limit = page.limit;
+        self.read(move |c| dlq::list(c, limit, after)).await
+    }
+
+    async fn dlq_show(&self, id: &str) -> Result<DeadLetter, QueueError> {
+        let n = parse_id(id)?;
+        self.read(move |c| dlq::show(c, n))
+            .await?
+            .ok_or_else(|| QueueError::NotFound { id: id.to_owned() })
+    }
+
+    async fn dlq_replay(
+        &self,
+        ids: &[String],
+        max_replays: u32,
+        limit: usize,
+    ) -> Result<Vec<String>, QueueError> {
+        let ids = parse_ids(ids)?;
+        let done = self
+            .call(|reply| Op::Replay {
+                ids,
+                max_replays,
+                limit,
+                reply,
+            })
+            .await?;
+        Ok(done.into_iter().map(|i| i.to_string()).collect())
+    }
+
+    async fn dlq_purge(&self, ids: &[String]) -> Result<usize, QueueError> {
+        let ids = parse_ids(ids)?;
+        self.call(|reply| Op::Purge { ids, reply }).await
+    }
+}
+
+/// Builds the log queue from `[queue]`: `backend = "log"`, with the keys
+/// of [`LogConfig`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogBackend;
+
+#[async_trait]
+impl Backend for LogBackend {
+    fn name(&self) -> &'static str {
+        BACKEND_NAME
+    }
+
+    fn check(&self, section: &QueueSection) -> Result<toml::Table, ConfigProblem> {
+        breakwater_queue::own_keys_table(&LogConfig::from_section(section)?)
+    }
+
+    async fn open(
+        &self,
+        section: &QueueSection,
+        mode: OpenMode,
+    ) -> Result<Arc<dyn Queue>, QueueError> {
+        let config =
+            LogConfig::from_section(section).map_err(|e| QueueError::Storage(e.to_string()))?;
+        let queue = match mode {
+            OpenMode::Serve => LogQueue::open(&config)?,
+            OpenMode::Inspect => LogQueue::open_existing(&config)?,
+        };
+        Ok(Arc::new(queue))
+    }
+}

@@ -1,0 +1,309 @@
+//! Segment files: naming, preallocation and reading back.
+//!
+//! A segment is `segment-<index>.log` in the store's directory: a 16-byte
+//! header (`BWQLOG01` and the index, little-endian) and then frames
+//! ([`crate::record`]) back to back. It is created at its full size, zeros
+//! written and synced, so an `fdatasync` after an append has no file size
+//! or new blocks to record, only the data; the zeros after the last frame
+//! read as its end ([`FrameError::End`]).
+//!
+//! [`scan`] reads one back. A frame that is cut short or fails its
+//! checksum ends the segment's data, unless its length is intact and a
+//! valid frame follows it: then only that frame is bad (a flipped bit),
+//! it is skipped and reported, and the rest is read. What lies after the
+//! end (a torn tail: the last group, cut by a crash before its fsync) is
+//! reported as [`Scanned::torn_bytes`]; the writer zeroes it before it
+//! appends to the segment again.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::record::{self, FrameError, Record};
+
+/// The first bytes of every segment.
+pub(crate) const MAGIC: &[u8; 8] = b"BWQLOG01";
+
+/// Bytes of the header: the magic and the segment's index.
+pub(crate) const HEADER_BYTES: u64 = 16;
+
+/// Zeros written at a time when preallocating.
+const ZEROS: usize = 1 << 20;
+
+/// The file of segment `index` in `dir`.
+pub(crate) fn path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("segment-{index:016}.log"))
+}
+
+/// The indexes of the segments in `dir`, oldest first.
+pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(index) = name
+            .strip_prefix("segment-")
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse().ok())
+        {
+            found.push(index);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
+/// Creates segment `index` of `size` bytes: header, zeros, synced, and
+/// the directory synced so the file survives a power cut.
+pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
+    let path = path(dir, index);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    let mut header = [0u8; HEADER_BYTES as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..].copy_from_slice(&index.to_le_bytes());
+    file.write_all_at(&header, 0)?;
+    zero(&file, HEADER_BYTES, size)?;
+    file.sync_all()?;
+    File::open(dir)?.sync_all()?;
+    Ok(file)
+}
+
+/// Writes zeros over `[from, to)`.
+pub(crate) fn zero(file: &File, from: u64, to: u64) -> io::Result<()> {
+    let zeros = vec![0u8; ZEROS];
+    let mut at = from;
+    while at < to {
+        let n = usize::try_from((to - at).min(ZEROS as u64)).unwrap_or(ZEROS);
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Opens an existing segment for reading and appending.
+pub(crate) fn open(dir: &Path, index: u64) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path(dir, index))
+}
+
+/// A frame that failed its checksum in the middle of a segment's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Corrupt {
+    pub offset: u64,
+    pub error: FrameError,
+}
+
+/// What reading a segment found besides its records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Scanned {
+    /// Where its data ends: the next frame goes here.
+    pub end: u64,
+    /// The segment's size on disk.
+    pub size: u64,
+    /// Non-zero bytes after `end`: a torn tail (or, in a segment that is
+    /// not the last, data past a frame whose length was damaged).
+    pub torn_bytes: u64,
+    /// Frames skipped for a bad checksum, with valid frames after them.
+    pub corrupt: Vec<Corrupt>,
+}
+
+/// Why a segment could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ScanError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not a Breakwater log segment (its header is not {index}'s)")]
+    NotASegment { path: PathBuf, index: u64 },
+}
+
+/// Reads segment `index` of `dir`, calling `visit(offset, id, record,
+/// frame_len)` for each good frame in order.
+pub(crate) fn scan(
+    dir: &Path,
+    index: u64,
+    visit: impl FnMut(u64, u64, Record, usize),
+) -> Result<Scanned, ScanError> {
+    scan_file(&path(dir, index), index, visit)
+}
+
+/// Reads the file at `path`, framed as a segment whose header names
+/// `index`.
+pub(crate) fn scan_file(
+    path: &Path,
+    index: u64,
+    mut visit: impl FnMut(u64, u64, Record, usize),
+) -> Result<Scanned, ScanError> {
+    let io = |source| ScanError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut buf = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut buf))
+        .map_err(io)?;
+    let mut expected = [0u8; HEADER_BYTES as usize];
+    expected[..8].copy_from_slice(MAGIC);
+    expected[8..].copy_from_slice(&index.to_le_bytes());
+    if buf.get(..HEADER_BYTES as usize) != Some(&expected[..]) {
+        return Err(ScanError::NotASegment {
+            path: path.to_owned(),
+            index,
+        });
+    }
+    Ok(scan_frames(&buf, &mut visit))
+}
+
+/// Reads the frames of a whole segment held in `buf` (header included).
+fn scan_frames(buf: &[u8], mut visit: impl FnMut(u64, u64, Record, usize)) -> Scanned {
+    let mut at = HEADER_BYTES as usize;
+    let mut corrupt = Vec::new();
+    while at < buf.len() {
+        match record::decode(&buf[at..]) {
+            Ok((id, record, n)) => {
+                visit(at as u64, id, record, n);
+                at += n;
+            }
+            Err(FrameError::End | FrameError::Truncated) => break,
+            Err(error @ (FrameError::Checksum | FrameError::Malformed)) => {
+                // With its length intact and a good frame after it, only
+                // this frame is bad: skip it. Otherwise the data ends here.
+                let next = record::frame_len(&buf[at..])
+                    .ok()
+                    .map(|n| at + n)
+                    .filter(|&next| {
+                        buf.get(next..)
+                            .is_some_and(|rest| record::decode(rest).is_ok())
+                    });
+                match next {
+                    Some(next) => {
+                        corrupt.push(Corrupt {
+                            offset: at as u64,
+                            error,
+                        });
+                        at = next;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+    let end = at.min(buf.len());
+    let torn_bytes = buf[end..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |p| p + 1);
+    Scanned {
+        end: end as u64,
+        size: buf.len() as u64,
+        torn_bytes: torn_bytes as u64,
+        corrupt,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::tests::message;
+
+    /// A segment of `n` enqueues, as bytes, and where each frame starts.
+    fn segment_of(n: u64) -> (Vec<u8>, Vec<usize>) {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&7u64.to_le_bytes());
+        let mut starts = Vec::new();
+        for id in 1..=n {
+            starts.push(buf.len());
+            record::put_record(&mut buf, id, &Record::Enqueue(message(&format!("e{id}"))));
+        }
+        (buf, starts)
+    }
+
+    fn ids(buf: &[u8]) -> (Vec<u64>, Scanned) {
+        let mut ids = Vec::new();
+        let scanned = scan_frames(buf, |_, id, _, _| ids.push(id));
+        (ids, scanned)
+    }
+
+    #[test]
+    fn a_tail_cut_at_every_byte_of_the_last_frames_reads_as_the_frames_before() {
+        let (buf, starts) = segment_of(4);
+        // The last group: the last two frames.
+        let group = starts[2];
+        for cut in group..buf.len() {
+            // Frame i (id i + 1) ends where frame i + 1 starts.
+            let ends: Vec<usize> = starts.iter().skip(1).copied().chain([buf.len()]).collect();
+            let complete: Vec<u64> = (1..=4u64)
+                .filter(|&id| ends[id as usize - 1] <= cut)
+                .collect();
+            let end = starts.get(complete.len()).copied().unwrap_or(buf.len());
+            // Cut at EOF, and cut with zeros after it (preallocated).
+            let mut zeroed = buf[..cut].to_vec();
+            zeroed.resize(buf.len() + 4096, 0);
+            for bytes in [&buf[..cut], &zeroed[..]] {
+                let (got, scanned) = ids(bytes);
+                assert_eq!(got, complete, "cut at {cut}");
+                assert_eq!(scanned.end as usize, end, "cut at {cut}");
+                assert!(scanned.corrupt.is_empty(), "cut at {cut}");
+                // What was written of the cut frames, up to its last non-zero byte.
+                let torn = buf[end..cut]
+                    .iter()
+                    .rposition(|&b| b != 0)
+                    .map_or(0, |p| p + 1);
+                assert_eq!(scanned.torn_bytes as usize, torn, "cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_bit_mid_segment_skips_that_frame_and_reads_the_rest() {
+        let (mut buf, starts) = segment_of(5);
+        buf[starts[2] + 30] ^= 0x10;
+        let (got, scanned) = ids(&buf);
+        assert_eq!(got, vec![1, 2, 4, 5]);
+        assert_eq!(
+            scanned.corrupt,
+            vec![Corrupt {
+                offset: starts[2] as u64,
+                error: FrameError::Checksum
+            }]
+        );
+        assert_eq!(scanned.end as usize, buf.len());
+        assert_eq!(scanned.torn_bytes, 0);
+    }
+
+    #[test]
+    fn a_segment_is_created_zeroed_listed_and_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = create(dir.path(), 3, 64 << 10).expect("create");
+        let mut frame = Vec::new();
+        record::put_record(&mut frame, 11, &Record::Ack);
+        file.write_all_at(&frame, HEADER_BYTES).expect("write");
+        create(dir.path(), 12, 4096).expect("create");
+        assert_eq!(list(dir.path()).expect("list"), vec![3, 12]);
+        let mut seen = Vec::new();
+        let scanned = scan(dir.path(), 3, |o, id, r, _| seen.push((o, id, r))).expect("scan");
+        assert_eq!(seen, vec![(HEADER_BYTES, 11, Record::Ack)]);
+        assert_eq!(scanned.end, HEADER_BYTES + frame.len() as u64);
+        assert_eq!(scanned.size, 64 << 10);
+        assert!(matches!(
+            std::fs::rename(path(dir.path(), 12), path(dir.path(), 13))
+                .map_err(|e| ScanError::Io {
+                    path: PathBuf::new(),
+                    source: e
+                })
+                .and_then(|()| scan(dir.path(), 13, |_, _, _, _| {})),
+            Err(ScanError::NotASegment { index: 13, .. })
+        ));
+    }
+}

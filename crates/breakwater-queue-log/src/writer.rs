@@ -1,0 +1,809 @@
+//! The log's one writer thread: it owns the [`Index`], the current
+//! segment and the dead-letter store's writing connection, and turns each
+//! group of operations into one positioned write of their records and,
+//! when the group holds an enqueue, a carry or a replay, one
+//! `fdatasync`. Every reply waits for its group's write (and sync); an
+//! enqueue's `New` therefore means on disk. Acks, retries and releases
+//! ride along and become durable with the next synced group: losing one
+//! to a power cut only delivers the message again (at-least-once, the
+//! inbox applies it once).
+//!
+//! After each group it reclaims: while the oldest segment holds nothing
+//! live, the dedup hashes of what was applied out of it are appended to
+//! the dedup file (synced) and the segment is deleted. When the oldest
+//! holds only a little (a quarter of a segment or less), its live
+//! messages are copied forward as carry records into the current one, a
+//! few hundred per group, so a parked or delayed straggler never pins a
+//! segment.
+//!
+//! The next segment is created (zero-filled, synced) on a thread of its
+//! own while the current one fills, so a roll costs the writer no more
+//! than a rename would.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use breakwater_queue::{Delivery, Enqueued, Message, QueueError, QueueStats, Receipt};
+use breakwater_queue_embedded::budget::Reserved;
+use breakwater_queue_embedded::clock::now_ms;
+use breakwater_queue_embedded::writer::{LINGER, LINGER_BELOW, drain};
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::dedup_file::DedupFile;
+use crate::dlq::{self, NewDead};
+use crate::index::{Index, Location, Seen};
+use crate::record::{self, CarriedState, EncodedMessage, Record, StoredMessage};
+use crate::segment::{self, HEADER_BYTES};
+use crate::{LeaseToken, telemetry};
+
+/// The reply channel of an operation.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
+
+/// A webhook on its way to the writer, encoded and checksummed on the
+/// caller's thread.
+pub(crate) struct Incoming {
+    pub hash: u64,
+    pub entity_key: Option<String>,
+    pub received_at_ms: i64,
+    pub encoded: EncodedMessage,
+    pub queued_at: Instant,
+    /// Its bytes in the budget of bytes waiting for the writer.
+    pub _reserved: Reserved,
+}
+
+/// A request to the writer.
+pub(crate) enum Op {
+    Enqueue(Box<Incoming>, Reply<Enqueued>),
+    Claim {
+        max: usize,
+        lease_ms: i64,
+        skip: Vec<String>,
+        reply: Reply<Vec<Delivery>>,
+    },
+    Ack {
+        token: LeaseToken,
+        reply: Reply<()>,
+    },
+    Extend {
+        tokens: Vec<LeaseToken>,
+        lease_ms: i64,
+        reply: Reply<usize>,
+    },
+    /// Retry (`attempt`: counts one) or release.
+    Unclaim {
+        token: LeaseToken,
+        delay_ms: i64,
+        attempt: bool,
+        reply: Reply<()>,
+    },
+    DeadLetter {
+        token: LeaseToken,
+        class: String,
+        error: String,
+        reply: Reply<()>,
+    },
+    Replay {
+        ids: Vec<i64>,
+        max_replays: u32,
+        limit: usize,
+        reply: Reply<Vec<i64>>,
+    },
+    Purge {
+        ids: Vec<i64>,
+        reply: Reply<usize>,
+    },
+    Stats {
+        reply: Reply<QueueStats>,
+    },
+}
+
+/// The writer's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub dir: PathBuf,
+    pub max_batch: usize,
+    pub segment_bytes: u64,
+}
+
+/// Copy forward the oldest segment's live messages when they fill at
+/// most 1/`CARRY_BELOW` of a segment.
+const CARRY_BELOW: u64 = 4;
+/// Most live messages carried forward per group.
+const CARRY_PER_GROUP: usize = 256;
+/// How often applied ids past the dedup window are forgotten.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
+/// Sends one operation's outcome once its group's fate is known.
+type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
+
+fn finish<T: Send + 'static>(reply: Reply<T>, value: Result<T, QueueError>) -> Finish {
+    Box::new(move |written: Result<(), &str>| {
+        let outcome = match written {
+            Ok(()) => value,
+            Err(e) => Err(QueueError::Storage(e.to_owned())),
+        };
+        // The caller may have given up waiting; that is its business.
+        let _ = reply.send(outcome);
+    })
+}
+
+fn lease_lost(id: u64) -> QueueError {
+    QueueError::LeaseLost { id: id.to_string() }
+}
+
+fn storage(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Storage(e.to_string())
+}
+
+/// The records of one group, on their way to the current segment.
+#[derive(Default)]
+struct Group {
+    buf: Vec<u8>,
+    /// Where `buf` goes in the current segment.
+    start: u64,
+    /// Holds something promised durable: sync after the write.
+    sync: bool,
+    /// Enqueued (or carried, replayed) in this group: undone if the write
+    /// fails.
+    inserted: Vec<u64>,
+    replies: Vec<Finish>,
+    /// Dead letters replayed into this group, deleted from the
+    /// dead-letter store once it is on disk.
+    replayed: Vec<i64>,
+}
+
+/// The writer's state.
+pub(crate) struct Writer {
+    settings: Settings,
+    index: Index,
+    /// The segment appended to, its file and size.
+    current: u64,
+    size: u64,
+    /// Every segment's file, for reading records back.
+    files: HashMap<u64, File>,
+    group: Group,
+    spare: Option<(u64, JoinHandle<io::Result<File>>)>,
+    dlq: Connection,
+    dlq_count: u64,
+    dedup_file: DedupFile,
+    next_prune: Instant,
+}
+
+/// What opening found, for the log line at start.
+#[derive(Debug, Default)]
+pub(crate) struct Opened {
+    pub segments: usize,
+    pub queued: usize,
+    pub corrupt_frames: usize,
+    pub torn_bytes: u64,
+}
+
+fn hash_of(m: &StoredMessage) -> u64 {
+    crate::dedup_hash(&m.source, &m.event_id)
+}
+
+impl Writer {
+    /// Opens the store in `settings.dir`: reads the dedup file and every
+    /// segment, zeroes a torn tail, and readies the segment to append to.
+    pub(crate) fn open(
+        settings: Settings,
+        dedup_window_ms: i64,
+        dedup_max: usize,
+    ) -> Result<(Self, Opened), QueueError> {
+        let dir = settings.dir.clone();
+        let mut index = Index::new(dedup_window_ms, dedup_max);
+        let loaded = crate::dedup_file::load(&dir).map_err(storage)?;
+        let now = now_ms();
+        let horizon = now.saturating_sub(dedup_window_ms);
+        for &(hash, at) in &loaded.tombstones {
+            if at >= horizon {
+                index.remember_settled(hash, at);
+            }
+        }
+        index.reserve_ids_below(loaded.next_id);
+        let mut opened = Opened::default();
+        let mut segments = segment::list(&dir).map_err(storage)?;
+        let mut last = None;
+        for &s in &segments {
+            index.add_segment(s);
+            let scanned = segment::scan(&dir, s, |offset, id, r, len| {
+                let loc = Location {
+                    segment: s,
+                    offset,
+                    len: u32::try_from(len).unwrap_or(u32::MAX),
+                };
+                index.replay(id, loc, r, hash_of, now);
+            })
+            .map_err(storage)?;
+            for c in &scanned.corrupt {
+                tracing::error!(
+                    segment = s,
+                    offset = c.offset,
+                    error = %c.error,
+                    "a record of the queue's log failed its checksum and was skipped"
+                );
+            }
+            opened.corrupt_frames += scanned.corrupt.len();
+            last = Some((s, scanned));
+        }
+        let dlq = dlq::open(&dir).map_err(storage)?;
+        for (source, event_id) in dlq::event_ids(&dlq).map_err(storage)? {
+            index.remember_dead(crate::dedup_hash(&source, &event_id));
+        }
+        let dlq_count = dlq::count(&dlq).map_err(storage)?;
+        index.acked_total = 0;
+        index.dead_lettered_total = 0;
+        let dedup_file =
+            DedupFile::rewrite(&dir, &index.settled(), index.next_id()).map_err(storage)?;
+        let mut files = HashMap::new();
+        for &s in &segments {
+            files.insert(s, segment::open(&dir, s).map_err(storage)?);
+        }
+        let (current, end, size) = match last {
+            Some((s, scanned)) => {
+                if scanned.torn_bytes > 0 {
+                    tracing::warn!(
+                        segment = s,
+                        at = scanned.end,
+                        bytes = scanned.torn_bytes,
+                        "zeroing the torn tail of the queue's last segment (a group cut by a crash, never acknowledged)"
+                    );
+                    opened.torn_bytes = scanned.torn_bytes;
+                    let f = files.get(&s).ok_or(QueueError::Closed)?;
+                    segment::zero(f, scanned.end, scanned.size).map_err(storage)?;
+                    f.sync_data().map_err(storage)?;
+                }
+                (s, scanned.end, scanned.size)
+            }
+            None => {
+                let f = segment::create(&dir, 1, settings.segment_bytes).map_err(storage)?;
+                files.insert(1, f);
+                index.add_segment(1);
+                segments.push(1);
+                (1, HEADER_BYTES, settings.segment_bytes)
+            }
+        };
+        opened.segments = segments.len();
+        opened.queued = index.len();
+        let mut writer = Self {
+            settings,
+            index,
+            current,
+            size,
+            files,
+            group: Group {
+                start: end,
+                ..Group::default()
+            },
+            spare: None,
+            dlq,
+            dlq_count,
+            dedup_file,
+            next_prune: Instant::now() + PRUNE_EVERY,
+        };
+        writer.prepare_spare();
+        Ok((writer, opened))
+    }
+
+    /// Runs until every sender is dropped.
+    pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Op>) {
+        let max_batch = self.settings.max_batch;
+        let mut batch: Vec<Op> = Vec::with_capacity(max_batch);
+        while let Some(first) = rx.blocking_recv() {
+            batch.push(first);
+            drain(&mut rx, &mut batch, max_batch);
+            if batch.len() < LINGER_BELOW && batch.iter().any(|op| matches!(op, Op::Enqueue(..))) {
+                std::thread::sleep(LINGER);
+                drain(&mut rx, &mut batch, max_batch);
+            }
+            let started = Instant::now();
+            let ops = batch.len();
+            let now = now_ms();
+            self.dead_letters(&mut batch, now);
+            for op in batch.drain(..) {
+                self.apply(op, now);
+            }
+            self.carry();
+            self.commit();
+            self.reclaim();
+            if Instant::now() >= self.next_prune {
+                self.index.prune(now_ms());
+                self.next_prune = Instant::now() + PRUNE_EVERY;
+            }
+            metrics::histogram!(telemetry::QUEUE_COMMIT_SECONDS)
+                .record(started.elapsed().as_secs_f64());
+            metrics::histogram!(telemetry::QUEUE_COMMIT_BATCH).record(ops as f64);
+        }
+        self.commit();
+    }
+
+    /// Writes the dead letters of `batch` to the dead-letter store in one
+    /// transaction and takes them out of the log; replies to each.
+    fn dead_letters(&mut self, batch: &mut Vec<Op>, now: i64) {
+        if !batch.iter().any(|op| matches!(op, Op::DeadLetter { .. })) {
+            return;
+        }
+        let mut rows = Vec::new();
+        let mut held = Vec::new();
+        let mut rest = Vec::with_capacity(batch.len());
+        for op in batch.drain(..) {
+            let Op::DeadLetter {
+                token,
+                class,
+                error,
+                reply,
+            } = op
+            else {
+                rest.push(op);
+                continue;
+            };
+            let found = self
+                .index
+                .holding_location(token.id, token.lease)
+                .and_then(|loc| self.read(loc).ok().map(|m| (loc, m)));
+            match found {
+                Some((_, Record::Enqueue(message) | Record::Carry(message, _))) => {
+                    let state = self.index.carried_state(token.id);
+                    rows.push(NewDead {
+                        message,
+                        attempts: state.as_ref().map_or(0, |s| s.attempts),
+                        replays: state.as_ref().map_or(0, |s| s.replays),
+                        class,
+                        error,
+                        dead_at_ms: now,
+                    });
+                    held.push((token, reply));
+                }
+                _ => drop(reply.send(Err(lease_lost(token.id)))),
+            }
+        }
+        *batch = rest;
+        if rows.is_empty() {
+            return;
+        }
+        if let Err(e) = dlq::insert(&mut self.dlq, &rows) {
+            tracing::error!(error = %e, "cannot write dead letters: they stay queued");
+            for (_, reply) in held {
+                drop(reply.send(Err(storage(&e))));
+            }
+            return;
+        }
+        self.dlq_count += rows.len() as u64;
+        for (token, reply) in held {
+            let outcome = self
+                .index
+                .take_dead(token.id, token.lease)
+                .map(|_| ())
+                .map_err(|_| lease_lost(token.id));
+            if outcome.is_ok() {
+                self.append(token.id, &Record::DeadLetter);
+            }
+            self.group.replies.push(finish(reply, outcome));
+        }
+    }
+
+    fn apply(&mut self, op: Op, now: i64) {
+        match op {
+            Op::Enqueue(incoming, reply) => self.enqueue(*incoming, reply, now),
+            Op::Claim {
+                max,
+                lease_ms,
+                skip,
+                reply,
+            } => {
+                let claimed = self.index.claim(max, lease_ms, &skip, now);
+                let mut out = Vec::with_capacity(claimed.len());
+                for c in claimed {
+                    match self.read(c.loc) {
+                        Ok(Record::Enqueue(m) | Record::Carry(m, _)) => out.push(Delivery {
+                            message: Message {
+                                id: c.id.to_string(),
+                                source: m.source,
+                                event_id: m.event_id,
+                                entity_key: m.entity_key,
+                                headers: m.headers,
+                                body: m.body,
+                                received_at_ms: m.received_at_ms,
+                                attempts: c.attempts,
+                                receives: c.receives,
+                            },
+                            receipt: Receipt::new(LeaseToken {
+                                id: c.id,
+                                lease: c.lease,
+                            }),
+                        }),
+                        other => tracing::error!(
+                            id = c.id,
+                            segment = c.loc.segment,
+                            offset = c.loc.offset,
+                            found = ?other.map(|r| r.kind()),
+                            "a queued message's record cannot be read back"
+                        ),
+                    }
+                }
+                self.group.replies.push(finish(reply, Ok(out)));
+            }
+            Op::Ack { token, reply } => {
+                let outcome = self
+                    .index
+                    .ack(token.id, token.lease, now)
+                    .map_err(|_| lease_lost(token.id));
+                if outcome.is_ok() {
+                    self.append(token.id, &Record::Ack);
+                }
+                self.group.replies.push(finish(reply, outcome));
+            }
+            Op::Extend {
+                tokens,
+                lease_ms,
+                reply,
+            } => {
+                let until = now.saturating_add(lease_ms);
+                let n = tokens
+                    .iter()
+                    .filter(|t| self.index.extend(t.id, t.lease, until))
+                    .count();
+                self.group.replies.push(finish(reply, Ok(n)));
+            }
+            Op::Unclaim {
+                token,
+                delay_ms,
+                attempt,
+                reply,
+            } => {
+                let visible_at_ms = now.saturating_add(delay_ms.max(0));
+                let outcome = self
+                    .index
+                    .unclaim(token.id, token.lease, visible_at_ms, attempt)
+                    .map_err(|_| lease_lost(token.id));
+                if outcome.is_ok() {
+                    let record = if attempt {
+                        Record::Retry { visible_at_ms }
+                    } else {
+                        Record::Release { visible_at_ms }
+                    };
+                    self.append(token.id, &record);
+                }
+                self.group.replies.push(finish(reply, outcome));
+            }
+            Op::DeadLetter { token, reply, .. } => {
+                // Taken out by `dead_letters` before the batch is applied.
+                drop(reply.send(Err(lease_lost(token.id))));
+            }
+            Op::Replay {
+                ids,
+                max_replays,
+                limit,
+                reply,
+            } => {
+                let outcome = self.replay(&ids, max_replays, limit, now);
+                self.group.replies.push(finish(reply, outcome));
+            }
+            Op::Purge { ids, reply } => {
+                let outcome = dlq::delete(&mut self.dlq, &ids, ids.is_empty())
+                    .map_err(storage)
+                    .map(|gone| {
+                        for (source, event_id) in &gone {
+                            self.index.forget(crate::dedup_hash(source, event_id));
+                        }
+                        self.dlq_count = self.dlq_count.saturating_sub(gone.len() as u64);
+                        gone.len()
+                    });
+                self.group.replies.push(finish(reply, outcome));
+            }
+            Op::Stats { reply } => {
+                let mut stats = self.index.stats(now);
+                stats.dead_lettered = Some(self.dlq_count);
+                self.group.replies.push(finish(reply, Ok(stats)));
+            }
+        }
+    }
+
+    fn enqueue(&mut self, incoming: Incoming, reply: Reply<Enqueued>, now: i64) {
+        metrics::histogram!(breakwater_queue_embedded::telemetry::QUEUE_ENQUEUE_WAIT_SECONDS)
+            .record(incoming.queued_at.elapsed().as_secs_f64());
+        if let Some(seen) = self.index.seen(incoming.hash) {
+            let id = match seen {
+                Seen::Queued(id) => id,
+                Seen::Dead | Seen::Settled(_) => 0,
+            };
+            let id = id.to_string();
+            self.group
+                .replies
+                .push(finish(reply, Ok(Enqueued::Duplicate { id })));
+            return;
+        }
+        let len = incoming.encoded.frame_len();
+        if let Err(e) = self.make_room(len) {
+            drop(reply.send(Err(e)));
+            return;
+        }
+        let id = self.index.take_id();
+        let loc = self.location(len);
+        record::put_enqueue(&mut self.group.buf, id, &incoming.encoded);
+        let state = CarriedState {
+            attempts: 0,
+            replays: 0,
+            visible_at_ms: now,
+        };
+        self.index.insert(
+            id,
+            loc,
+            incoming.entity_key.as_deref(),
+            incoming.received_at_ms,
+            incoming.hash,
+            &state,
+        );
+        self.group.sync = true;
+        self.group.inserted.push(id);
+        let id = id.to_string();
+        self.group
+            .replies
+            .push(finish(reply, Ok(Enqueued::New { id })));
+    }
+
+    fn replay(
+        &mut self,
+        ids: &[i64],
+        max_replays: u32,
+        limit: usize,
+        now: i64,
+    ) -> Result<Vec<i64>, QueueError> {
+        let rows = dlq::replayable(&self.dlq, ids, max_replays, limit).map_err(storage)?;
+        let mut done = Vec::with_capacity(rows.len());
+        for row in rows {
+            let state = CarriedState {
+                attempts: 0,
+                replays: row.replays + 1,
+                visible_at_ms: now,
+            };
+            let record = Record::Carry(row.message, state);
+            let mut frame = Vec::new();
+            let id = self.index.take_id();
+            record::put_record(&mut frame, id, &record);
+            self.make_room(frame.len())?;
+            let loc = self.location(frame.len());
+            self.group.buf.extend_from_slice(&frame);
+            if let Record::Carry(m, state) = &record {
+                self.index.forget(hash_of(m));
+                self.index.insert(
+                    id,
+                    loc,
+                    m.entity_key.as_deref(),
+                    m.received_at_ms,
+                    hash_of(m),
+                    state,
+                );
+            }
+            self.group.sync = true;
+            self.group.inserted.push(id);
+            self.group.replayed.push(row.id);
+            done.push(row.id);
+        }
+        Ok(done)
+    }
+
+    /// Where a frame of `len` bytes appended now lands.
+    fn location(&self, len: usize) -> Location {
+        Location {
+            segment: self.current,
+            offset: self.group.start + self.group.buf.len() as u64,
+            len: u32::try_from(len).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Appends `record` about `id` to the group (no sync needed for it).
+    /// Without room for it, it is dropped: the message is delivered
+    /// again, which at-least-once allows.
+    fn append(&mut self, id: u64, record: &Record) {
+        let mut frame = Vec::with_capacity(record::HEADER + 8);
+        record::put_record(&mut frame, id, record);
+        if self.make_room(frame.len()).is_ok() {
+            self.group.buf.extend_from_slice(&frame);
+        }
+    }
+
+    /// Reads back the record at `loc`, from the group not yet written or
+    /// from its segment.
+    fn read(&self, loc: Location) -> Result<Record, QueueError> {
+        let len = loc.len as usize;
+        let frame = if loc.segment == self.current && loc.offset >= self.group.start {
+            let at = usize::try_from(loc.offset - self.group.start).unwrap_or(usize::MAX);
+            self.group
+                .buf
+                .get(at..at + len)
+                .ok_or_else(|| storage("a record past the group's end"))?
+                .to_vec()
+        } else {
+            let file = self
+                .files
+                .get(&loc.segment)
+                .ok_or_else(|| storage(format!("segment {} is gone", loc.segment)))?;
+            let mut frame = vec![0u8; len];
+            file.read_exact_at(&mut frame, loc.offset)
+                .map_err(storage)?;
+            frame
+        };
+        record::decode(&frame).map(|(_, r, _)| r).map_err(|e| {
+            storage(format!(
+                "segment {} offset {}: {e}",
+                loc.segment, loc.offset
+            ))
+        })
+    }
+
+    /// Makes room for a frame of `len` bytes in the current segment:
+    /// writes the group so far and moves to the next segment if it does
+    /// not fit.
+    fn make_room(&mut self, len: usize) -> Result<(), QueueError> {
+        let end = self.group.start + self.group.buf.len() as u64 + len as u64;
+        if end <= self.size {
+            return Ok(());
+        }
+        self.commit();
+        self.roll(len as u64).map_err(|e| {
+            tracing::error!(error = %e, "cannot start the queue's next segment");
+            QueueError::Storage(format!("cannot start the queue's next segment: {e}"))
+        })
+    }
+
+    /// Starts creating the segment after the current one.
+    fn prepare_spare(&mut self) {
+        if self.spare.is_some() {
+            return;
+        }
+        let (dir, next, size) = (
+            self.settings.dir.clone(),
+            self.current + 1,
+            self.settings.segment_bytes,
+        );
+        let made = std::thread::Builder::new()
+            .name("queue-segment".into())
+            .spawn(move || segment::create(&dir, next, size));
+        match made {
+            Ok(handle) => self.spare = Some((next, handle)),
+            Err(e) => tracing::warn!(error = %e, "cannot start the segment thread"),
+        }
+    }
+
+    /// Moves on to the next segment, big enough for a frame of `len`.
+    fn roll(&mut self, len: u64) -> io::Result<()> {
+        let next = self.current + 1;
+        let needed = HEADER_BYTES + len;
+        let spare = match self.spare.take() {
+            Some((index, handle)) if index == next => handle
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the segment thread panicked"))),
+            _ => Err(io::Error::other("no spare segment")),
+        };
+        let (file, size) = match spare {
+            Ok(f) if self.settings.segment_bytes >= needed => (f, self.settings.segment_bytes),
+            other => {
+                if other.is_ok() || segment::path(&self.settings.dir, next).exists() {
+                    std::fs::remove_file(segment::path(&self.settings.dir, next))?;
+                }
+                let size = self.settings.segment_bytes.max(needed);
+                (segment::create(&self.settings.dir, next, size)?, size)
+            }
+        };
+        self.files.insert(next, file);
+        self.index.add_segment(next);
+        self.current = next;
+        self.size = size;
+        self.group.start = HEADER_BYTES;
+        self.prepare_spare();
+        Ok(())
+    }
+
+    /// Copies a few of the oldest segment's live messages forward when
+    /// little of it is live.
+    fn carry(&mut self) {
+        let Some((oldest, live_bytes)) =
+            self.index.segments().next().map(|(s, u)| (s, u.live_bytes))
+        else {
+            return;
+        };
+        if oldest == self.current || live_bytes * CARRY_BELOW > self.settings.segment_bytes {
+            return;
+        }
+        for (id, loc) in self.index.live_in(oldest, CARRY_PER_GROUP) {
+            let (Ok(Record::Enqueue(m) | Record::Carry(m, _)), Some(state)) =
+                (self.read(loc), self.index.carried_state(id))
+            else {
+                continue;
+            };
+            let mut frame = Vec::new();
+            record::put_record(&mut frame, id, &Record::Carry(m, state));
+            if self.make_room(frame.len()).is_err() {
+                return;
+            }
+            let loc = self.location(frame.len());
+            self.group.buf.extend_from_slice(&frame);
+            self.index.moved(id, loc);
+            self.group.sync = true;
+        }
+    }
+
+    /// Writes the group (and syncs it when it must), then replies.
+    fn commit(&mut self) {
+        let group = std::mem::take(&mut self.group);
+        let mut outcome: Result<(), String> = Ok(());
+        if !group.buf.is_empty() {
+            let written = self
+                .files
+                .get(&self.current)
+                .ok_or_else(|| io::Error::other("the current segment is not open"))
+                .and_then(|f| {
+                    f.write_all_at(&group.buf, group.start)?;
+                    if group.sync { f.sync_data() } else { Ok(()) }
+                });
+            if let Err(e) = written {
+                tracing::error!(error = %e, segment = self.current, "the queue's group write failed");
+                outcome = Err(format!("queue write failed: {e}"));
+            }
+        }
+        let start = match &outcome {
+            Ok(()) => group.start + group.buf.len() as u64,
+            Err(_) => {
+                for id in &group.inserted {
+                    self.index.discard(*id);
+                }
+                group.start
+            }
+        };
+        if outcome.is_ok() && !group.replayed.is_empty() {
+            match dlq::delete(&mut self.dlq, &group.replayed, false) {
+                Ok(gone) => self.dlq_count = self.dlq_count.saturating_sub(gone.len() as u64),
+                Err(e) => {
+                    tracing::error!(error = %e, "replayed dead letters stay in the dead-letter store as well")
+                }
+            }
+        }
+        let written = outcome.as_ref().map(|_| ()).map_err(String::as_str);
+        for reply in group.replies {
+            reply(written);
+        }
+        self.group.start = start;
+    }
+
+    /// Deletes the oldest segments while nothing in them is live.
+    fn reclaim(&mut self) {
+        while let Some(oldest) = self.index.oldest_if_empty() {
+            if oldest == self.current {
+                return;
+            }
+            let tombstones = self.index.remove_segment(oldest);
+            if let Err(e) = self
+                .dedup_file
+                .append(tombstones.clone(), self.index.next_id())
+            {
+                tracing::warn!(error = %e, segment = oldest, "cannot write the dedup file: the segment is kept");
+                self.index.add_segment(oldest);
+                self.index.restore_tombstones(oldest, tombstones);
+                return;
+            }
+            self.files.remove(&oldest);
+            if let Err(e) = std::fs::remove_file(segment::path(&self.settings.dir, oldest)) {
+                tracing::warn!(error = %e, segment = oldest, "cannot delete a reclaimed segment");
+            }
+            metrics::counter!(telemetry::QUEUE_SEGMENTS_RECLAIMED).increment(1);
+        }
+        let settled = self.index.settled_len() as u64;
+        if self.dedup_file.entries > 2 * settled + 100_000 {
+            match DedupFile::rewrite(
+                self.dedup_file.dir(),
+                &self.index.settled(),
+                self.index.next_id(),
+            ) {
+                Ok(f) => self.dedup_file = f,
+                Err(e) => tracing::warn!(error = %e, "cannot rewrite the dedup file"),
+            }
+        }
+    }
+}
