@@ -11,6 +11,8 @@ pub enum LabBackend {
     /// The embedded store, under --data-dir.
     #[default]
     Embedded,
+    /// The segment-log store (`backend = "log"`), under --data-dir.
+    Log,
     /// NATS JetStream at --queue-url, on streams of the run's own, removed
     /// afterwards.
     Nats,
@@ -31,7 +33,7 @@ impl LabBackend {
         given.map_or_else(
             || {
                 match self {
-                    Self::Embedded => "",
+                    Self::Embedded | Self::Log => "",
                     Self::Nats => "nats://127.0.0.1:4222",
                     Self::Rabbitmq => "amqp://guest:guest@127.0.0.1:5672/%2f",
                     Self::Sqs => "http://127.0.0.1:4566",
@@ -43,11 +45,18 @@ impl LabBackend {
         )
     }
 
-    /// The `[queue]` table for a broker queue `name` at `url`; `None` for
-    /// the embedded store (the caller's config already points at it).
-    pub fn broker_section(self, url: &str, name: &str) -> Option<breakwater::queue::QueueSection> {
+    /// The `[queue]` table for a broker queue `name` at `url`, or for the
+    /// log store in `dir`; `None` for the embedded store (the caller's
+    /// config already points at it).
+    pub fn section(
+        self,
+        url: &str,
+        name: &str,
+        dir: &std::path::Path,
+    ) -> Option<breakwater::queue::QueueSection> {
         let backend = match self {
             Self::Embedded => return None,
+            Self::Log => return Some(breakwater_queue_log::LogConfig::at(dir).section()),
             Self::Nats => "nats",
             Self::Rabbitmq => "rabbitmq",
             Self::Sqs => "sqs",
@@ -61,11 +70,11 @@ impl LabBackend {
         })
     }
 
-    /// Removes what a run made on the broker (nothing for the embedded
-    /// store, whose folder the caller removes).
+    /// Removes what a run made on the broker (nothing for the local
+    /// stores, whose folder the caller removes).
     pub async fn remove(self, url: &str, name: &str) {
         let removed = match self {
-            Self::Embedded => Ok(()),
+            Self::Embedded | Self::Log => Ok(()),
             Self::Nats => breakwater_queue_nats::NatsQueue::destroy(url, name).await,
             Self::Rabbitmq => {
                 let config = breakwater_queue_rabbitmq::RabbitMqConfig::default();

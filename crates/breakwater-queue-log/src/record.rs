@@ -5,7 +5,7 @@
 //! | field | bytes | meaning |
 //! |---|---|---|
 //! | length | 4, LE | bytes of `type`, `id` and `payload` (never 0: a 0 is the zeroed end of a segment) |
-//! | crc32c | 4, LE | CRC-32C (Castagnoli) of `type`, `id` and `payload` |
+//! | crc32c | 4, LE | CRC-32C (Castagnoli) of `type`, `payload` and `id`, in that order |
 //! | type | 1 | [`Kind`] |
 //! | id | 8, LE | the message the record is about |
 //! | payload | length - 9 | the kind's fields, below |
@@ -27,8 +27,10 @@
 //!
 //! The payload of an enqueue is encoded, and its checksum taken, on the
 //! caller's thread ([`EncodedMessage`]); the writer only adds the header
-//! with the id it assigns and folds the id into the checksum
-//! ([`crc32c::crc32c_combine`]).
+//! with the id it assigns and runs the checksum on over the id's 8 bytes.
+//! That is why the id comes last in the checksum though not in the frame
+//! (combining checksums instead, `crc32c_combine`, cost the writer about
+//! 15 us per webhook).
 
 use bytes::Bytes;
 
@@ -152,7 +154,7 @@ impl EncodedMessage {
     pub(crate) fn new(message: &StoredMessage) -> Self {
         let mut payload = Vec::with_capacity(message_len(message));
         put_message(&mut payload, message);
-        let crc = crc32c::crc32c(&payload);
+        let crc = checksum_before_id(Kind::Enqueue, &payload);
         Self { payload, crc }
     }
 
@@ -192,14 +194,22 @@ pub(crate) fn put_record(out: &mut Vec<u8>, id: u64, record: &Record) {
     put_frame(out, record.kind(), id, &payload, None);
 }
 
-fn put_frame(out: &mut Vec<u8>, kind: Kind, id: u64, payload: &[u8], payload_crc: Option<u32>) {
+/// The checksum of a frame's type and payload, to be run on over its id.
+fn checksum_before_id(kind: Kind, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&[kind as u8]), payload)
+}
+
+/// `before_id` ([`checksum_before_id`]) run on over the id.
+fn checksum(before_id: u32, id: &[u8]) -> u32 {
+    crc32c::crc32c_append(before_id, id)
+}
+
+fn put_frame(out: &mut Vec<u8>, kind: Kind, id: u64, payload: &[u8], before_id: Option<u32>) {
     let mut head = [0u8; TYPE_AND_ID];
     head[0] = kind as u8;
     head[1..].copy_from_slice(&id.to_le_bytes());
-    let crc = match payload_crc {
-        Some(p) => crc32c::crc32c_combine(crc32c::crc32c(&head), p, payload.len()),
-        None => crc32c::crc32c_append(crc32c::crc32c(&head), payload),
-    };
+    let before_id = before_id.unwrap_or_else(|| checksum_before_id(kind, payload));
+    let crc = checksum(before_id, &head[1..]);
     let len = u32::try_from(TYPE_AND_ID + payload.len()).unwrap_or(u32::MAX);
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
@@ -236,7 +246,8 @@ pub(crate) fn decode(buf: &[u8]) -> Result<(u64, Record, usize), FrameError> {
     }
     let crc = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
     let body = &frame[8..];
-    if crc32c::crc32c(body) != crc {
+    let before_id = crc32c::crc32c_append(crc32c::crc32c(&body[..1]), &body[TYPE_AND_ID..]);
+    if checksum(before_id, &body[1..TYPE_AND_ID]) != crc {
         return Err(FrameError::Checksum);
     }
     let kind = Kind::from_byte(body[0]).ok_or(FrameError::Malformed)?;

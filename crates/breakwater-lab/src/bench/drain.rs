@@ -161,7 +161,10 @@ async fn run_phases(args: &DrainBenchArgs, name: &str) -> anyhow::Result<DrainRe
     config.queue = queue_config.section();
     let queue_url = args.backend.url(args.queue_url.as_deref());
     let queue_name = format!("bwbench_drain_{}", std::process::id());
-    if let Some(section) = args.backend.broker_section(&queue_url, &queue_name) {
+    if let Some(section) = args
+        .backend
+        .section(&queue_url, &queue_name, &queue_config.path)
+    {
         config.queue = section;
     }
     let mut source = crate::bench::bench_config(&queue_config.path)

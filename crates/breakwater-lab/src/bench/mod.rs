@@ -122,9 +122,9 @@ pub struct IngressBenchArgs {
     /// this machine. The first also runs at half its peak.
     #[arg(long)]
     pub floor: bool,
-    /// Which queue backend the ingress enqueues onto (the floor needs the
-    /// embedded one).
-    #[arg(long, value_enum, default_value_t = LabBackend::Embedded, conflicts_with = "floor")]
+    /// Which queue backend the ingress enqueues onto (with --floor, a
+    /// local one: embedded or log).
+    #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
     pub backend: LabBackend,
     /// The broker's address (default: the broker's usual local one,
     /// nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, the
@@ -584,13 +584,16 @@ pub fn run_ingress_bench(
     };
 
     let bare_addr = server_rt.block_on(start_bare_hyper())?;
+    if args.floor && !matches!(args.backend, LabBackend::Embedded | LabBackend::Log) {
+        anyhow::bail!("--floor measures a local store: use --backend embedded or --backend log");
+    }
     let dir = args.data_dir.join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut config = bench_config(&dir);
     let queue_name = format!("bwbench_{}", std::process::id());
-    if let Some(section) = args
-        .backend
-        .broker_section(&args.backend.url(args.queue_url.as_deref()), &queue_name)
+    if let Some(section) =
+        args.backend
+            .section(&args.backend.url(args.queue_url.as_deref()), &queue_name, &dir)
     {
         config.queue = section;
     }
@@ -732,7 +735,8 @@ async fn start_floor(
 ) -> anyhow::Result<SocketAddr> {
     let sources = breakwater::source::compile_all(&config.sources)?;
     let file = dir.join(format!("floor-{mode:?}.log"));
-    let embedded = EmbeddedConfig::from_section(&config.queue)?;
+    // The embedded store's group settings (the log's are the same).
+    let embedded = EmbeddedConfig::from_section(&config.queue).unwrap_or_default();
     let queue = floor::FloorQueue::open(&file, &embedded, mode)?;
     let router = breakwater::ingress::Ingress::new(
         &sources,

@@ -454,10 +454,11 @@ async fn run_mode_in(
     let queue_dir = args.data_dir.join(format!("{app}-{}", wall_ms()));
     let (proxy, mut config) = wire(args, mode, dependency, &queue_dir).await?;
     let queue_name = format!("bwlab_{app}_{}", wall_ms());
-    if let Some(section) = args
-        .backend
-        .broker_section(&args.backend.url(args.queue_url.as_deref()), &queue_name)
-    {
+    if let Some(section) = args.backend.section(
+        &args.backend.url(args.queue_url.as_deref()),
+        &queue_name,
+        &queue_dir,
+    ) {
         config.queue = section;
     }
     // Every apply the workers send is counted; the naive mode also retries

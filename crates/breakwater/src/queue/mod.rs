@@ -12,6 +12,7 @@ use std::sync::Arc;
 pub use breakwater_queue::*;
 use breakwater_queue_embedded::EmbeddedBackend;
 use breakwater_queue_kafka::KafkaBackend;
+use breakwater_queue_log::LogBackend;
 use breakwater_queue_nats::NatsBackend;
 use breakwater_queue_rabbitmq::RabbitMqBackend;
 use breakwater_queue_sqs::SqsBackend;
@@ -19,6 +20,7 @@ use breakwater_queue_sqs::SqsBackend;
 /// Every backend of this build, by the name `[queue] backend` selects it by.
 const BACKENDS: &[&dyn Backend] = &[
     &EmbeddedBackend,
+    &LogBackend,
     &NatsBackend,
     &RabbitMqBackend,
     &SqsBackend,
