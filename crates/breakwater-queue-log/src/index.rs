@@ -23,6 +23,11 @@
 //!   once). A hash match is taken as a duplicate: with 5 million ids
 //!   indexed, a new event id collides with one of them with probability
 //!   about 3 x 10^-13.
+//! - No map is one big hash table: growing one rehashes it whole on the
+//!   writer thread, and at half a million entries that held a group up for
+//!   80 ms. Entries are a B-tree by id (ids rise, so inserts land at its
+//!   right edge) and the dedup index is [`SEEN_SHARDS`] hash tables by the
+//!   hash's top byte, each growing by itself.
 //! - Each segment counts its live messages and their bytes, and keeps the
 //!   dedup hashes of the messages settled out of it: the writer reclaims a
 //!   segment once nothing in it is live, after writing those hashes to the
@@ -102,13 +107,63 @@ pub(crate) struct SegmentUse {
     pub tombstones: Vec<(u64, i64)>,
 }
 
+/// Hash tables of the dedup index.
+pub(crate) const SEEN_SHARDS: usize = 256;
+
+/// The dedup index: hash tables by the top byte of the (already uniform)
+/// hash, so no single table is ever rehashed whole at once.
+#[derive(Debug)]
+struct SeenMap {
+    shards: Vec<HashMap<u64, Seen>>,
+    len: usize,
+}
+
+impl SeenMap {
+    fn new() -> Self {
+        Self {
+            shards: (0..SEEN_SHARDS).map(|_| HashMap::new()).collect(),
+            len: 0,
+        }
+    }
+
+    fn shard(&self, hash: u64) -> usize {
+        (hash >> 56) as usize % SEEN_SHARDS
+    }
+
+    fn get(&self, hash: &u64) -> Option<&Seen> {
+        self.shards[self.shard(*hash)].get(hash)
+    }
+
+    fn contains_key(&self, hash: &u64) -> bool {
+        self.get(hash).is_some()
+    }
+
+    fn insert(&mut self, hash: u64, seen: Seen) {
+        let i = self.shard(hash);
+        if self.shards[i].insert(hash, seen).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn remove(&mut self, hash: &u64) {
+        let i = self.shard(*hash);
+        if self.shards[i].remove(hash).is_some() {
+            self.len -= 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// The indexes (see the module doc).
 #[derive(Debug)]
 pub(crate) struct Index {
-    entries: HashMap<u64, Entry>,
+    entries: BTreeMap<u64, Entry>,
     waiting: BTreeSet<(i64, u64)>,
     leased: BTreeSet<(i64, u64)>,
-    seen: HashMap<u64, Seen>,
+    seen: SeenMap,
     /// Settled entries of `seen` in the order they expire.
     expiry: VecDeque<(i64, u64)>,
     segments: BTreeMap<u64, SegmentUse>,
@@ -125,10 +180,10 @@ impl Index {
     /// (0: not at all), at most `dedup_max` of them.
     pub(crate) fn new(dedup_window_ms: i64, dedup_max: usize) -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: BTreeMap::new(),
             waiting: BTreeSet::new(),
             leased: BTreeSet::new(),
-            seen: HashMap::new(),
+            seen: SeenMap::new(),
             expiry: VecDeque::new(),
             segments: BTreeMap::new(),
             dedup_window_ms,

@@ -56,6 +56,11 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
 
 /// Creates segment `index` of `size` bytes: header, zeros, synced, and
 /// the directory synced so the file survives a power cut.
+///
+/// The zeros are written and synced a chunk at a time: a segment made
+/// ahead while the writer runs then never puts more than one chunk of
+/// writeback in front of the writer's `fdatasync` (64 MiB synced at once
+/// held group commits up for 100–200 ms under `bench ingress`).
 pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
     let path = path(dir, index);
     let file = OpenOptions::new()
@@ -67,7 +72,13 @@ pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
     header[..8].copy_from_slice(MAGIC);
     header[8..].copy_from_slice(&index.to_le_bytes());
     file.write_all_at(&header, 0)?;
-    zero(&file, HEADER_BYTES, size)?;
+    let mut at = HEADER_BYTES;
+    while at < size {
+        let to = (at + ZEROS as u64).min(size);
+        zero(&file, at, to)?;
+        file.sync_data()?;
+        at = to;
+    }
     file.sync_all()?;
     File::open(dir)?.sync_all()?;
     Ok(file)
