@@ -200,6 +200,11 @@ impl Index {
         self.entries.len()
     }
 
+    /// The queued messages' ids, in order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.entries.keys().copied()
+    }
+
     /// The id the next enqueue gets.
     pub(crate) fn next_id(&self) -> u64 {
         self.next_id

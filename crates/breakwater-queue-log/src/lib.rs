@@ -24,6 +24,7 @@ mod dedup_file;
 mod dlq;
 mod index;
 mod record;
+mod recovery;
 mod segment;
 pub mod telemetry;
 mod writer;
@@ -73,9 +74,68 @@ pub(crate) fn dedup_hash(source: &str, event_id: &str) -> u64 {
 /// The flow window when no flow was set: unbounded.
 const UNBOUNDED: u32 = u32::MAX;
 
+/// What opening a store found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Segment files read.
+    pub segments: usize,
+    /// Messages queued (not applied, not dead-lettered).
+    pub queued: usize,
+    /// Records skipped because their checksum failed (each logged).
+    pub corrupt_frames: usize,
+    /// Bytes after the last whole record of the newest segment, zeroed (a
+    /// group cut by a crash before it was acknowledged).
+    pub torn_bytes: u64,
+}
+
+/// What a store holds, read without its lock and without changing it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Contents {
+    /// (source, event id) of each queued message, by message id.
+    pub queued: Vec<(String, String)>,
+    /// (source, event id) of each dead letter.
+    pub dead: Vec<(String, String)>,
+    /// Records skipped because their checksum failed.
+    pub corrupt_frames: usize,
+}
+
+/// Reads what the store in `dir` holds, for tests and diagnosis: the
+/// segments are replayed as at start, but nothing is written and no lock
+/// is taken, so it may run beside (or after the death of) its owner.
+pub fn inspect(dir: &Path) -> Result<Contents, QueueError> {
+    let mut index = index::Index::new(0, usize::MAX);
+    let mut events = std::collections::BTreeMap::new();
+    let now = breakwater_queue_embedded::clock::now_ms();
+    let replayed = recovery::replay_segments(dir, &mut index, now, |id, r| {
+        if let record::Record::Enqueue(m) | record::Record::Carry(m, _) = r {
+            events.insert(id, (m.source.clone(), m.event_id.clone()));
+        }
+    })?;
+    let queued = index
+        .ids()
+        .filter_map(|id| events.get(&id).cloned())
+        .collect();
+    let dead = if dir.join(dlq::FILE_NAME).is_file() {
+        let conn = rusqlite::Connection::open_with_flags(
+            dir.join(dlq::FILE_NAME),
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .map_err(storage)?;
+        dlq::event_ids(&conn).map_err(storage)?
+    } else {
+        Vec::new()
+    };
+    Ok(Contents {
+        queued,
+        dead,
+        corrupt_frames: replayed.corrupt_frames,
+    })
+}
+
 /// The segment-log queue.
 #[derive(Clone)]
 pub struct LogQueue {
+    report: OpenReport,
     ops: mpsc::Sender<Op>,
     reader: Arc<Mutex<rusqlite::Connection>>,
     path: PathBuf,
@@ -130,6 +190,7 @@ impl LogQueue {
             .saturating_mul(1000);
         let started = std::time::Instant::now();
         let (writer, opened) = Writer::open(settings, window_ms, config.dedup_index_max)?;
+        let report = Writer::opened(&opened);
         tracing::info!(
             path = %dir.display(),
             segments = opened.segments,
@@ -150,6 +211,7 @@ impl LogQueue {
             })
             .map_err(storage)?;
         Ok(Self {
+            report,
             ops: tx,
             reader: Arc::new(Mutex::new(reader)),
             path: dir,
@@ -161,6 +223,11 @@ impl LogQueue {
     /// The store's directory.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// What opening the store found.
+    pub fn open_report(&self) -> OpenReport {
+        self.report
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, QueueError> {

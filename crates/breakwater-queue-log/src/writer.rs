@@ -161,6 +161,14 @@ struct Group {
     replayed: Vec<i64>,
 }
 
+/// The segment after the current one.
+enum Spare {
+    /// Being created on a thread of its own.
+    Making(JoinHandle<io::Result<File>>),
+    /// Found on disk at start, created (empty) before a restart.
+    Ready(File),
+}
+
 /// The writer's state.
 pub(crate) struct Writer {
     settings: Settings,
@@ -171,7 +179,7 @@ pub(crate) struct Writer {
     /// Every segment's file, for reading records back.
     files: HashMap<u64, File>,
     group: Group,
-    spare: Option<(u64, JoinHandle<io::Result<File>>)>,
+    spare: Option<(u64, Spare)>,
     dlq: Connection,
     dlq_count: u64,
     dedup_file: DedupFile,
@@ -192,6 +200,16 @@ fn hash_of(m: &StoredMessage) -> u64 {
 }
 
 impl Writer {
+    /// What opening found.
+    pub(crate) fn opened(opened: &Opened) -> crate::OpenReport {
+        crate::OpenReport {
+            segments: opened.segments,
+            queued: opened.queued,
+            corrupt_frames: opened.corrupt_frames,
+            torn_bytes: opened.torn_bytes,
+        }
+    }
+
     /// Opens the store in `settings.dir`: reads the dedup file and every
     /// segment, zeroes a torn tail, and readies the segment to append to.
     pub(crate) fn open(
@@ -210,30 +228,43 @@ impl Writer {
             }
         }
         index.reserve_ids_below(loaded.next_id);
-        let mut opened = Opened::default();
-        let mut segments = segment::list(&dir).map_err(storage)?;
-        let mut last = None;
+        let replayed = crate::recovery::replay_segments(&dir, &mut index, now, |_, _| {})?;
+        let mut opened = Opened {
+            corrupt_frames: replayed.corrupt_frames,
+            ..Opened::default()
+        };
+        let (mut segments, mut last, mut previous) =
+            (replayed.segments, replayed.last, replayed.previous);
+        let mut files = HashMap::new();
         for &s in &segments {
-            index.add_segment(s);
-            let scanned = segment::scan(&dir, s, |offset, id, r, len| {
-                let loc = Location {
-                    segment: s,
-                    offset,
-                    len: u32::try_from(len).unwrap_or(u32::MAX),
-                };
-                index.replay(id, loc, r, hash_of, now);
-            })
-            .map_err(storage)?;
-            for c in &scanned.corrupt {
-                tracing::error!(
-                    segment = s,
-                    offset = c.offset,
-                    error = %c.error,
-                    "a record of the queue's log failed its checksum and was skipped"
+            files.insert(s, segment::open(&dir, s).map_err(storage)?);
+        }
+        // A group cut by a crash (never acknowledged) is zeroed, so what is
+        // appended after it never runs into its remains.
+        for (s, scanned) in last.iter_mut().chain(previous.iter_mut()) {
+            if scanned.torn_bytes > 0 {
+                tracing::warn!(
+                    segment = *s,
+                    at = scanned.end,
+                    bytes = scanned.torn_bytes,
+                    "zeroing the torn tail of a queue segment (a group cut by a crash, never acknowledged)"
                 );
+                opened.torn_bytes += scanned.torn_bytes;
+                let f = files.get(s).ok_or(QueueError::Closed)?;
+                segment::zero(f, scanned.end, scanned.end + scanned.torn_bytes).map_err(storage)?;
+                f.sync_data().map_err(storage)?;
+                scanned.torn_bytes = 0;
             }
-            opened.corrupt_frames += scanned.corrupt.len();
-            last = Some((s, scanned));
+        }
+        // An empty newest segment after one with room is the spare made
+        // ahead of a restart: appends go on in the one before.
+        let mut spare = None;
+        if let (Some((s, newest)), Some((_, before))) = (&last, &previous) {
+            let room = before.size.saturating_sub(before.end) > before.size / 16;
+            if newest.end == HEADER_BYTES && room {
+                spare = Some(*s);
+                last = previous.take();
+            }
         }
         let dlq = dlq::open(&dir).map_err(storage)?;
         for (source, event_id) in dlq::event_ids(&dlq).map_err(storage)? {
@@ -244,26 +275,8 @@ impl Writer {
         index.dead_lettered_total = 0;
         let dedup_file =
             DedupFile::rewrite(&dir, &index.settled(), index.next_id()).map_err(storage)?;
-        let mut files = HashMap::new();
-        for &s in &segments {
-            files.insert(s, segment::open(&dir, s).map_err(storage)?);
-        }
         let (current, end, size) = match last {
-            Some((s, scanned)) => {
-                if scanned.torn_bytes > 0 {
-                    tracing::warn!(
-                        segment = s,
-                        at = scanned.end,
-                        bytes = scanned.torn_bytes,
-                        "zeroing the torn tail of the queue's last segment (a group cut by a crash, never acknowledged)"
-                    );
-                    opened.torn_bytes = scanned.torn_bytes;
-                    let f = files.get(&s).ok_or(QueueError::Closed)?;
-                    segment::zero(f, scanned.end, scanned.size).map_err(storage)?;
-                    f.sync_data().map_err(storage)?;
-                }
-                (s, scanned.end, scanned.size)
-            }
+            Some((s, scanned)) => (s, scanned.end, scanned.size),
             None => {
                 let f = segment::create(&dir, 1, settings.segment_bytes).map_err(storage)?;
                 files.insert(1, f);
@@ -274,6 +287,13 @@ impl Writer {
         };
         opened.segments = segments.len();
         opened.queued = index.len();
+        let spare = spare.and_then(|s| {
+            files
+                .get(&s)?
+                .try_clone()
+                .ok()
+                .map(|f| (s, Spare::Ready(f)))
+        });
         let mut writer = Self {
             settings,
             index,
@@ -284,7 +304,7 @@ impl Writer {
                 start: end,
                 ..Group::default()
             },
-            spare: None,
+            spare,
             dlq,
             dlq_count,
             dedup_file,
@@ -682,7 +702,7 @@ impl Writer {
             .name("queue-segment".into())
             .spawn(move || segment::create(&dir, next, size));
         match made {
-            Ok(handle) => self.spare = Some((next, handle)),
+            Ok(handle) => self.spare = Some((next, Spare::Making(handle))),
             Err(e) => tracing::warn!(error = %e, "cannot start the segment thread"),
         }
     }
@@ -692,9 +712,10 @@ impl Writer {
         let next = self.current + 1;
         let needed = HEADER_BYTES + len;
         let spare = match self.spare.take() {
-            Some((index, handle)) if index == next => handle
+            Some((index, Spare::Making(handle))) if index == next => handle
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("the segment thread panicked"))),
+            Some((index, Spare::Ready(file))) if index == next => Ok(file),
             _ => Err(io::Error::other("no spare segment")),
         };
         let (file, size) = match spare {

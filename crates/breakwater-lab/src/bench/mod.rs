@@ -591,10 +591,11 @@ pub fn run_ingress_bench(
     let _ = std::fs::remove_dir_all(&dir);
     let mut config = bench_config(&dir);
     let queue_name = format!("bwbench_{}", std::process::id());
-    if let Some(section) =
-        args.backend
-            .section(&args.backend.url(args.queue_url.as_deref()), &queue_name, &dir)
-    {
+    if let Some(section) = args.backend.section(
+        &args.backend.url(args.queue_url.as_deref()),
+        &queue_name,
+        &dir,
+    ) {
         config.queue = section;
     }
     let running = server_rt.block_on(serve::start(&config, Role::Ingress, None))?;

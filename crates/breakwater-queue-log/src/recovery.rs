@@ -1,0 +1,68 @@
+//! Reading a store back: every segment scanned in order and replayed into
+//! an [`Index`], damaged frames logged. The writer does this at start;
+//! [`crate::inspect`] does it read-only, without the lock, to see what a
+//! store holds.
+
+use std::path::Path;
+
+use breakwater_queue::QueueError;
+
+use crate::index::{Index, Location};
+use crate::record::{Record, StoredMessage};
+use crate::segment::{self, Scanned};
+
+/// What replaying the segments found.
+#[derive(Debug, Default)]
+pub(crate) struct Replayed {
+    /// The segments, oldest first.
+    pub segments: Vec<u64>,
+    /// The newest segment and how its scan ended.
+    pub last: Option<(u64, Scanned)>,
+    /// The one before it, likewise.
+    pub previous: Option<(u64, Scanned)>,
+    /// Frames skipped for a failed checksum.
+    pub corrupt_frames: usize,
+}
+
+fn hash_of(m: &StoredMessage) -> u64 {
+    crate::dedup_hash(&m.source, &m.event_id)
+}
+
+/// Replays every segment in `dir` into `index`, showing each record to
+/// `also` first.
+pub(crate) fn replay_segments(
+    dir: &Path,
+    index: &mut Index,
+    now: i64,
+    mut also: impl FnMut(u64, &Record),
+) -> Result<Replayed, QueueError> {
+    let storage = |e: &dyn std::fmt::Display| QueueError::Storage(e.to_string());
+    let mut replayed = Replayed {
+        segments: segment::list(dir).map_err(|e| storage(&e))?,
+        ..Replayed::default()
+    };
+    for &s in &replayed.segments {
+        index.add_segment(s);
+        let scanned = segment::scan(dir, s, |offset, id, r, len| {
+            also(id, &r);
+            let loc = Location {
+                segment: s,
+                offset,
+                len: u32::try_from(len).unwrap_or(u32::MAX),
+            };
+            index.replay(id, loc, r, hash_of, now);
+        })
+        .map_err(|e| storage(&e))?;
+        for c in &scanned.corrupt {
+            tracing::error!(
+                segment = s,
+                offset = c.offset,
+                error = %c.error,
+                "a record of the queue's log failed its checksum and was skipped"
+            );
+        }
+        replayed.corrupt_frames += scanned.corrupt.len();
+        replayed.previous = replayed.last.replace((s, scanned));
+    }
+    Ok(replayed)
+}

@@ -1,0 +1,238 @@
+//! The log store against what a crash or a disk leaves behind: a torn
+//! last group (cut at every byte), a flipped bit mid-segment, and a full
+//! filesystem (a small tmpfs, so this one needs root; it fails, not skips,
+//! without it).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use breakwater_queue::{Enqueued, NewMessage, Queue, QueueError};
+use breakwater_queue_log::{LogConfig, LogQueue};
+use bytes::Bytes;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+fn config(dir: &Path) -> LogConfig {
+    LogConfig {
+        segment_bytes: 64 << 10,
+        ..LogConfig::at(dir)
+    }
+}
+
+fn message(event: &str, body: usize) -> NewMessage {
+    NewMessage {
+        source: "stripe".into(),
+        event_id: event.into(),
+        entity_key: Some("order-1".into()),
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: Bytes::from(vec![b'x'; body]),
+        received_at_ms: 1_700_000_000_000,
+    }
+}
+
+/// Opens the store, waiting out the previous owner's writer thread, which
+/// holds the lock until it has ended.
+async fn open(config: &LogConfig) -> LogQueue {
+    for _ in 0..200 {
+        match LogQueue::open(config) {
+            Ok(q) => return q,
+            Err(QueueError::Storage(e)) if e.contains("another process") => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("open: {e}"),
+        }
+    }
+    panic!("the store's lock was never released");
+}
+
+/// Event ids of every queued message, claimed (and so left to lapse).
+async fn queued(q: &LogQueue) -> BTreeSet<String> {
+    q.claim(10_000, LEASE)
+        .await
+        .expect("claim")
+        .into_iter()
+        .map(|d| d.message.event_id)
+        .collect()
+}
+
+fn segment_file(dir: &Path) -> PathBuf {
+    dir.join("segment-0000000000000001.log")
+}
+
+/// Where the written data of the first segment ends (every frame ends in
+/// a non-zero byte).
+fn data_end(dir: &Path) -> usize {
+    let bytes = std::fs::read(segment_file(dir)).expect("segment");
+    bytes.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1)
+}
+
+fn copy_store(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
+}
+
+fn ids(range: std::ops::Range<usize>) -> BTreeSet<String> {
+    range.map(|i| format!("e{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_group_cut_at_every_byte_opens_with_only_whole_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = config(dir.path());
+    {
+        let q = open(&store).await;
+        for i in 0..3 {
+            q.enqueue(message(&format!("e{i}"), 64))
+                .await
+                .expect("enqueue");
+        }
+    }
+    // Once the writer has let go: where the last group starts.
+    drop(open(&store).await);
+    let before = data_end(dir.path());
+    {
+        let q = open(&store).await;
+        let (a, b) = tokio::join!(q.enqueue(message("e3", 64)), q.enqueue(message("e4", 64)));
+        a.expect("enqueue");
+        b.expect("enqueue");
+    }
+    // Wait for the last writer to let go before reading its files.
+    drop(open(&store).await);
+    let after = data_end(dir.path());
+    let frame = (after - before) / 2;
+    assert!(frame > 64, "two frames of one size: {before}..{after}");
+    let whole = std::fs::read(segment_file(dir.path())).expect("segment");
+
+    for cut in before..after {
+        let scratch = tempfile::tempdir().expect("scratch");
+        copy_store(dir.path(), scratch.path());
+        let mut torn = whole.clone();
+        torn[cut..after].fill(0);
+        std::fs::write(segment_file(scratch.path()), &torn).expect("tear");
+
+        let scratch_config = config(scratch.path());
+        let q = open(&scratch_config).await;
+        let expected = ids(0..3 + (cut - before) / frame);
+        assert_eq!(queued(&q).await, expected, "cut at byte {}", cut - before);
+        assert_eq!(
+            q.open_report().torn_bytes > 0,
+            (cut - before) % frame != 0,
+            "cut at byte {}: {:?}",
+            cut - before,
+            q.open_report()
+        );
+        // The store takes new records after the cut, and reads them back.
+        let new = q.enqueue(message("e9", 64)).await.expect("enqueue after");
+        assert!(matches!(new, Enqueued::New { .. }), "{new:?}");
+        drop(q);
+        let q = open(&scratch_config).await;
+        let mut expected = expected;
+        expected.insert("e9".to_owned());
+        assert_eq!(queued(&q).await, expected, "reopened after cut at {cut}");
+        assert_eq!(q.open_report().torn_bytes, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_bit_mid_segment_costs_that_record_alone_and_is_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(dir.path());
+    {
+        let q = open(&config).await;
+        for i in 0..5 {
+            q.enqueue(message(&format!("e{i}"), 200))
+                .await
+                .expect("enqueue");
+        }
+    }
+    drop(open(&config).await);
+    let start = 16;
+    let frame = (data_end(dir.path()) - start) / 5;
+    let mut bytes = std::fs::read(segment_file(dir.path())).expect("segment");
+    bytes[start + 2 * frame + frame / 2] ^= 0x04;
+    std::fs::write(segment_file(dir.path()), &bytes).expect("flip");
+
+    let q = open(&config).await;
+    assert_eq!(q.open_report().corrupt_frames, 1, "{:?}", q.open_report());
+    let mut expected = ids(0..5);
+    expected.remove("e2");
+    assert_eq!(queued(&q).await, expected);
+    drop(q);
+    drop(open(&config).await);
+    let inspected = breakwater_queue_log::inspect(dir.path()).expect("inspect");
+    assert_eq!(inspected.corrupt_frames, 1);
+}
+
+/// A tmpfs of `size` mounted for the test, unmounted after.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mounting a tmpfs needs root");
+        Self(dir)
+    }
+
+    fn resize(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.0.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_enqueues_loses_nothing_and_recovers_when_it_grows() {
+    let disk = Tmpfs::mount("1m");
+    let config = config(&disk.0.path().join("queue"));
+    let q = LogQueue::open(&config).expect("open");
+    let mut acknowledged = BTreeSet::new();
+    let mut refused = 0;
+    for i in 0..2_000 {
+        let id = format!("e{i}");
+        match q.enqueue(message(&id, 1024)).await {
+            Ok(Enqueued::New { .. }) => {
+                acknowledged.insert(id);
+            }
+            Ok(other) => panic!("{id}: {other:?}"),
+            Err(QueueError::Storage(e)) => {
+                refused += 1;
+                assert!(e.contains("No space") || e.contains("space"), "{e}");
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+    assert!(refused > 0, "the disk never filled");
+    assert!(!acknowledged.is_empty());
+    // Room again: enqueues are taken.
+    disk.resize("16m");
+    q.enqueue(message("after", 1024))
+        .await
+        .expect("taken once there is room");
+    acknowledged.insert("after".to_owned());
+    drop(q);
+    let q = open(&config).await;
+    assert_eq!(
+        queued(&q).await,
+        acknowledged,
+        "every acknowledged webhook is there"
+    );
+}
