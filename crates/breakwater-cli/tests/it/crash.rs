@@ -1,8 +1,10 @@
 //! A 2xx means durable: kill -9 the binary in the middle of a burst,
 //! restart it, and every event id that got a 2xx is in the queue exactly
 //! once; and the same a hundred times over (the crash loop, `#[ignore]`d).
+//! Each runs on both local stores: the embedded SQLite one and the
+//! segment log.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,9 +18,61 @@ const TOTAL: usize = 3000;
 const CONCURRENCY: usize = 64;
 const KILL_AFTER: usize = 1000;
 
+/// A local store the binary runs on.
+#[derive(Debug, Clone, Copy)]
+enum Store {
+    Embedded,
+    Log,
+}
+
+impl Store {
+    fn sandbox(self) -> Sandbox {
+        match self {
+            Self::Embedded => Sandbox::new(""),
+            Self::Log => Sandbox::with_log_queue(""),
+        }
+    }
+
+    /// How many times each event id is stored (queued), read from the
+    /// store's files while no process has them open.
+    fn stored(self, sandbox: &Sandbox) -> HashMap<String, i64> {
+        match self {
+            Self::Embedded => {
+                let db = rusqlite::Connection::open(sandbox.queue_db()).expect("open store");
+                let mut st = db
+                    .prepare("SELECT event_id, COUNT(*) FROM messages GROUP BY event_id")
+                    .expect("prepare");
+                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .expect("query")
+                    .map(|r| r.expect("row"))
+                    .collect()
+            }
+            Self::Log => {
+                let contents =
+                    breakwater_queue_log::inspect(&sandbox.queue_dir()).expect("inspect the log");
+                assert_eq!(contents.corrupt_frames, 0, "a record failed its checksum");
+                let mut counts = HashMap::new();
+                for (_, event_id) in contents.queued {
+                    *counts.entry(event_id).or_insert(0) += 1;
+                }
+                counts
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
-    let sandbox = Sandbox::new("");
+    kill_9_mid_burst(Store::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_burst_loses_no_acknowledged_webhook_on_the_log() {
+    kill_9_mid_burst(Store::Log).await;
+}
+
+async fn kill_9_mid_burst(store: Store) {
+    let sandbox = store.sandbox();
     let mut server = sandbox.start_ingress();
     let http = Http::default();
     let url = server.url("/webhooks/stripe");
@@ -64,22 +118,11 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
     );
 
     // Restart on the same store: everything acknowledged is there, once.
+    let rows = store.stored(&sandbox);
     let server = sandbox.start_ingress();
     let stats = queue_stats(&http, &server).await;
-    let db = rusqlite::Connection::open(sandbox.queue_db()).expect("open store");
-    let mut st = db
-        .prepare("SELECT event_id, COUNT(*) FROM messages GROUP BY event_id")
-        .expect("prepare");
-    let rows: Vec<(String, i64)> = st
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .expect("query")
-        .map(|r| r.expect("row"))
-        .collect();
-    let stored: HashSet<&str> = rows.iter().map(|(id, _)| id.as_str()).collect();
-    assert!(
-        rows.iter().all(|(_, n)| *n == 1),
-        "an event id is stored twice"
-    );
+    let stored: HashSet<&str> = rows.keys().map(String::as_str).collect();
+    assert!(rows.values().all(|n| *n == 1), "an event id is stored twice");
     let missing: Vec<_> = acknowledged
         .iter()
         .filter(|id| !stored.contains(id.as_str()))
@@ -107,6 +150,17 @@ async fn kill_9_mid_burst_loses_no_acknowledged_webhook() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "minutes long"]
 async fn crash_loop_loses_nothing_acknowledged() {
+    crash_loop(Store::Embedded).await;
+}
+
+/// The crash loop on the segment log: `crash_loop_on_the_log`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long"]
+async fn crash_loop_on_the_log_loses_nothing_acknowledged() {
+    crash_loop(Store::Log).await;
+}
+
+async fn crash_loop(store: Store) {
     let cycles: usize = std::env::var("CRASH_LOOP_CYCLES")
         .ok()
         .and_then(|c| c.parse().ok())
@@ -115,7 +169,7 @@ async fn crash_loop_loses_nothing_acknowledged() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| u64::try_from(unix_now()).unwrap_or(1));
-    println!("crash loop: {cycles} cycles, CRASH_LOOP_SEED={seed}");
+    println!("crash loop on {store:?}: {cycles} cycles, CRASH_LOOP_SEED={seed}");
     // xorshift: enough to spread the kills, and replayable.
     let mut state = seed.max(1);
     let mut next = move |below: u64| {
@@ -126,7 +180,7 @@ async fn crash_loop_loses_nothing_acknowledged() {
     };
     // A cycle's burst: longer than the latest kill (320 ms) takes to come.
     const BURST: usize = 1500;
-    let sandbox = Sandbox::new("");
+    let sandbox = store.sandbox();
     let http = Http::default();
     let mut ever: HashSet<String> = HashSet::new();
     let mut last_cycle: Vec<String> = Vec::new();
@@ -171,15 +225,7 @@ async fn crash_loop_loses_nothing_acknowledged() {
         cut_short += usize::from(last_cycle.len() < BURST);
         ever.extend(last_cycle.iter().cloned());
 
-        let db = rusqlite::Connection::open(sandbox.queue_db()).expect("open store");
-        let mut st = db
-            .prepare("SELECT event_id, COUNT(*) FROM messages GROUP BY event_id")
-            .expect("prepare");
-        let stored: std::collections::HashMap<String, i64> = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .expect("query")
-            .map(|r| r.expect("row"))
-            .collect();
+        let stored = store.stored(&sandbox);
         let twice: Vec<_> = stored.iter().filter(|(_, n)| **n > 1).collect();
         assert!(twice.is_empty(), "cycle {cycle}: stored twice: {twice:?}");
         let lost: Vec<_> = ever.iter().filter(|id| !stored.contains_key(*id)).collect();

@@ -85,9 +85,15 @@ impl Sandbox {
     }
 
     /// A sandbox whose `[queue]` table is `queue` (a broker's) instead of
-    /// the embedded store under the sandbox.
+    /// the embedded store under the sandbox; `{queue_dir}` in it stands
+    /// for the sandbox's queue directory.
     pub fn with_queue(queue: &str, extra: &str) -> Self {
         Self::build("", Some(queue), extra)
+    }
+
+    /// A sandbox whose queue is the segment log under the sandbox.
+    pub fn with_log_queue(extra: &str) -> Self {
+        Self::with_queue("[queue]\nbackend = \"log\"\npath = \"{queue_dir}\"\n", extra)
     }
 
     /// A sandbox with `ingress` lines added to its `[ingress]` table.
@@ -103,7 +109,7 @@ impl Sandbox {
         let data = dir.path().join("queue");
         let queue = queue.map_or_else(
             || format!("[queue]\npath = \"{}\"\n", data.display()),
-            str::to_owned,
+            |q| q.replace("{queue_dir}", &data.display().to_string()),
         );
         let config = format!(
             r#"
@@ -140,6 +146,11 @@ listen = "127.0.0.1:0"
 
     pub fn queue_db(&self) -> PathBuf {
         self.dir.path().join("queue").join("queue.db")
+    }
+
+    /// The queue's directory.
+    pub fn queue_dir(&self) -> PathBuf {
+        self.dir.path().join("queue")
     }
 
     /// Starts `breakwater serve` (ingress and workers) with this sandbox's
