@@ -205,6 +205,18 @@ enum QueueCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Move an embedded SQLite store into the segment log this config
+    /// names (`[queue] backend = "log"`): queued messages with their
+    /// attempts, dead letters with their reasons, applied event ids still
+    /// within the dedup window. Run it with the service stopped; the old
+    /// store is only read, and a run cut short is run again (what the log
+    /// already holds is skipped).
+    Migrate {
+        /// The embedded store's file (default: `queue.db` in `[queue]
+        /// path`).
+        #[arg(long, value_name = "PATH")]
+        from: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -484,6 +496,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Queue {
+            command: QueueCommand::Migrate { from },
+            config,
+            ..
+        } => {
+            let config = load_config(config.config.as_deref())?;
+            runtime()?.block_on(queue_migrate(&config, from))
+        }
+        Command::Queue {
             command: QueueCommand::Stats { json },
             config,
             admin,
@@ -730,6 +750,41 @@ async fn queue_stats(config: &Config, admin: &AdminArg) -> anyhow::Result<QueueS
     }
     let queue = serve::open_queue(config, OpenMode::Inspect).await?;
     Ok(queue.stats().await?)
+}
+
+/// `queue migrate`: the embedded store at `from` into the log `config`
+/// names.
+async fn queue_migrate(config: &Config, from: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    use breakwater_queue_log::{BACKEND_NAME, LogConfig, LogQueue};
+    anyhow::ensure!(
+        config.queue.backend == BACKEND_NAME,
+        "queue migrate moves an embedded store into the segment log: set [queue] backend = \"{BACKEND_NAME}\" (this config says {:?})",
+        config.queue.backend
+    );
+    let log = LogConfig::from_section(&config.queue)
+        .map_err(|e| anyhow::anyhow!("[queue] {}: {e}", e.key.as_deref().unwrap_or("table")))?;
+    let from = from.unwrap_or_else(|| log.path.join(breakwater_queue_embedded::FILE_NAME));
+    anyhow::ensure!(from.is_file(), "no embedded store at {}", from.display());
+    let queue = LogQueue::open(&log)?;
+    let moved = queue
+        .migrate_from_embedded(&from, |so_far| {
+            eprintln!(
+                "moved {} queued, {} dead letters, {} applied ids so far",
+                so_far.queued, so_far.dead, so_far.applied_ids
+            );
+        })
+        .await?;
+    outln!(
+        "moved {} queued messages, {} dead letters and {} applied event ids from {} into {} \
+         ({} already there, skipped); the old store is left as it was",
+        moved.queued,
+        moved.dead,
+        moved.applied_ids,
+        from.display(),
+        log.path.display(),
+        moved.skipped
+    );
+    Ok(())
 }
 
 fn print_queue_stats(backend: &str, stats: &QueueStats) -> anyhow::Result<()> {

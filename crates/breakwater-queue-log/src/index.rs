@@ -195,6 +195,11 @@ impl Index {
         }
     }
 
+    /// How long applied event ids are remembered.
+    pub(crate) fn dedup_window_ms(&self) -> i64 {
+        self.dedup_window_ms
+    }
+
     /// Queued messages.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
@@ -563,11 +568,11 @@ impl Index {
                 let attempt = matches!(record, Record::Retry { .. });
                 if let Some(e) = self.entries.get(&id).cloned() {
                     self.set_visible(id, &e, visible_at_ms, false);
-                    if let Some(e) = self.entries.get_mut(&id) {
-                        if attempt {
-                            e.attempts += 1;
-                            e.receives = e.attempts;
-                        }
+                    if let Some(e) = self.entries.get_mut(&id)
+                        && attempt
+                    {
+                        e.attempts += 1;
+                        e.receives = e.attempts;
                     }
                 }
             }

@@ -23,6 +23,7 @@ pub mod config;
 mod dedup_file;
 mod dlq;
 mod index;
+mod migrate;
 mod record;
 mod recovery;
 mod segment;
@@ -45,6 +46,7 @@ use breakwater_queue_embedded::budget::ByteBudget;
 use tokio::sync::{mpsc, oneshot};
 
 pub use self::config::LogConfig;
+pub use self::migrate::Migrated;
 use self::record::{EncodedMessage, StoredMessage};
 use self::writer::{Incoming, Op, Reply, Settings, Writer};
 
@@ -228,6 +230,23 @@ impl LogQueue {
     /// What opening the store found.
     pub fn open_report(&self) -> OpenReport {
         self.report
+    }
+
+    /// Moves what the embedded SQLite store at `sqlite` (its `queue.db`)
+    /// holds into this one (see [`migrate`]), calling `progress` with the
+    /// running total after each chunk. The old store is only read.
+    pub async fn migrate_from_embedded(
+        &self,
+        sqlite: &Path,
+        mut progress: impl FnMut(&Migrated),
+    ) -> Result<Migrated, QueueError> {
+        let mut total = Migrated::default();
+        let mut chunks = migrate::Chunks::open(sqlite)?;
+        while let Some(items) = chunks.next_chunk()? {
+            total.add(self.call(|reply| Op::Import { items, reply }).await?);
+            progress(&total);
+        }
+        Ok(total)
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, QueueError> {

@@ -38,6 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::dedup_file::DedupFile;
 use crate::dlq::{self, NewDead};
 use crate::index::{Index, Location, Seen};
+use crate::migrate::{Imported, Migrated};
 use crate::record::{self, CarriedState, EncodedMessage, Record, StoredMessage};
 use crate::segment::{self, HEADER_BYTES};
 use crate::{LeaseToken, telemetry};
@@ -100,6 +101,11 @@ pub(crate) enum Op {
     },
     Stats {
         reply: Reply<QueueStats>,
+    },
+    /// Rows of an embedded SQLite store, moved in (`queue migrate`).
+    Import {
+        items: Vec<Imported>,
+        reply: Reply<Migrated>,
     },
 }
 
@@ -532,6 +538,10 @@ impl Writer {
                     });
                 self.group.replies.push(finish(reply, outcome));
             }
+            Op::Import { items, reply } => {
+                let outcome = self.import(items, now);
+                self.group.replies.push(finish(reply, outcome));
+            }
             Op::Stats { reply } => {
                 let mut stats = self.index.stats(now);
                 stats.dead_lettered = Some(self.dlq_count);
@@ -598,28 +608,85 @@ impl Writer {
                 replays: row.replays + 1,
                 visible_at_ms: now,
             };
-            let record = Record::Carry(row.message, state);
-            let mut frame = Vec::new();
-            let id = self.index.take_id();
-            record::put_record(&mut frame, id, &record);
-            self.make_room(frame.len())?;
-            let loc = self.location(frame.len());
-            self.group.buf.extend_from_slice(&frame);
-            if let Record::Carry(m, state) = &record {
-                self.index.forget(hash_of(m));
-                self.index.insert(
-                    id,
-                    loc,
-                    m.entity_key.as_deref(),
-                    m.received_at_ms,
-                    hash_of(m),
-                    state,
-                );
-            }
-            self.group.sync = true;
-            self.group.inserted.push(id);
+            self.index.forget(hash_of(&row.message));
+            self.queue_carried(row.message, state)?;
             self.group.replayed.push(row.id);
             done.push(row.id);
+        }
+        Ok(done)
+    }
+
+    /// Queues `message` anew in `state` (a replay, an import): a carry
+    /// record under a new id, synced with the group.
+    fn queue_carried(
+        &mut self,
+        message: StoredMessage,
+        state: CarriedState,
+    ) -> Result<(), QueueError> {
+        let hash = hash_of(&message);
+        let id = self.index.take_id();
+        let record = Record::Carry(message, state);
+        let mut frame = Vec::new();
+        record::put_record(&mut frame, id, &record);
+        self.make_room(frame.len())?;
+        let loc = self.location(frame.len());
+        self.group.buf.extend_from_slice(&frame);
+        if let Record::Carry(m, state) = &record {
+            let key = m.entity_key.as_deref();
+            self.index
+                .insert(id, loc, key, m.received_at_ms, hash, state);
+        }
+        self.group.sync = true;
+        self.group.inserted.push(id);
+        Ok(())
+    }
+
+    /// Moves rows of an embedded store in; an event id already known here
+    /// is skipped (a second run of a migration cut short).
+    fn import(&mut self, items: Vec<Imported>, now: i64) -> Result<Migrated, QueueError> {
+        let mut done = Migrated::default();
+        let mut dead = Vec::new();
+        let mut applied = Vec::new();
+        for item in items {
+            let hash = match &item {
+                Imported::Queued(m, _) => hash_of(m),
+                Imported::Dead(d) => hash_of(&d.message),
+                Imported::Applied(hash, _) => *hash,
+            };
+            if self.index.seen(hash).is_some() {
+                done.skipped += 1;
+                continue;
+            }
+            match item {
+                Imported::Queued(m, state) => {
+                    self.queue_carried(m, state)?;
+                    done.queued += 1;
+                }
+                Imported::Dead(d) => dead.push((hash, d)),
+                Imported::Applied(hash, at) => {
+                    if at >= now.saturating_sub(self.index.dedup_window_ms()) {
+                        applied.push((hash, at));
+                    }
+                }
+            }
+        }
+        if !dead.is_empty() {
+            let rows: Vec<NewDead> = dead.iter().map(|(_, d)| d.clone()).collect();
+            dlq::insert(&mut self.dlq, &rows).map_err(storage)?;
+            for (hash, _) in &dead {
+                self.index.remember_dead(*hash);
+            }
+            self.dlq_count += rows.len() as u64;
+            done.dead = rows.len() as u64;
+        }
+        if !applied.is_empty() {
+            self.dedup_file
+                .append(applied.clone(), self.index.next_id())
+                .map_err(storage)?;
+            done.applied_ids = applied.len() as u64;
+            for (hash, at) in applied {
+                self.index.remember_settled(hash, at);
+            }
         }
         Ok(done)
     }

@@ -119,7 +119,7 @@ async fn a_last_group_cut_at_every_byte_opens_with_only_whole_records() {
         assert_eq!(queued(&q).await, expected, "cut at byte {}", cut - before);
         assert_eq!(
             q.open_report().torn_bytes > 0,
-            (cut - before) % frame != 0,
+            !(cut - before).is_multiple_of(frame),
             "cut at byte {}: {:?}",
             cut - before,
             q.open_report()

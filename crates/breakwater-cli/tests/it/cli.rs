@@ -299,3 +299,60 @@ fn logs_can_be_json_lines() {
     }
     assert!(lines.iter().any(|l| l.contains("listening")), "{lines:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_migrate_moves_an_embedded_store_into_the_log() {
+    let old = Sandbox::new("");
+    {
+        let store = breakwater_queue_embedded::EmbeddedQueue::open(
+            &breakwater_queue_embedded::EmbeddedConfig::at(old.queue_dir()),
+        )
+        .expect("create the embedded store");
+        for i in 0..3 {
+            let body = stripe_event(&format!("evt_migrate_{i}"), "7");
+            breakwater::queue::Queue::enqueue(
+                &store,
+                breakwater::queue::NewMessage {
+                    source: "stripe".into(),
+                    event_id: format!("evt_migrate_{i}"),
+                    entity_key: Some("7".into()),
+                    headers: Vec::new(),
+                    body: body.into(),
+                    received_at_ms: 1_700_000_000_000,
+                },
+            )
+            .await
+            .expect("enqueue");
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let from = old.queue_db();
+    let from = from.to_str().expect("utf8");
+
+    // Into the embedded store it names itself: refused, saying why.
+    let own = old.config_path();
+    let out = breakwater(&["queue", "migrate", "--config", own.to_str().expect("utf8")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("backend = \"log\""), "{err}");
+
+    let new = Sandbox::with_log_queue("");
+    let config = new.config_path();
+    let config = config.to_str().expect("utf8");
+    let out = breakwater(&["queue", "migrate", "--config", config, "--from", from]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("moved 3 queued messages"), "{said}");
+    let out = breakwater(&["queue", "stats", "--json", "--config", config]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["visible"], 3, "{v}");
+}

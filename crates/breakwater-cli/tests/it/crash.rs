@@ -122,7 +122,10 @@ async fn kill_9_mid_burst(store: Store) {
     let server = sandbox.start_ingress();
     let stats = queue_stats(&http, &server).await;
     let stored: HashSet<&str> = rows.keys().map(String::as_str).collect();
-    assert!(rows.values().all(|n| *n == 1), "an event id is stored twice");
+    assert!(
+        rows.values().all(|n| *n == 1),
+        "an event id is stored twice"
+    );
     let missing: Vec<_> = acknowledged
         .iter()
         .filter(|id| !stored.contains(id.as_str()))

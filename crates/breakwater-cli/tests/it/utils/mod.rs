@@ -93,7 +93,10 @@ impl Sandbox {
 
     /// A sandbox whose queue is the segment log under the sandbox.
     pub fn with_log_queue(extra: &str) -> Self {
-        Self::with_queue("[queue]\nbackend = \"log\"\npath = \"{queue_dir}\"\n", extra)
+        Self::with_queue(
+            "[queue]\nbackend = \"log\"\npath = \"{queue_dir}\"\n",
+            extra,
+        )
     }
 
     /// A sandbox with `ingress` lines added to its `[ingress]` table.

@@ -1,17 +1,19 @@
-//! How long the embedded queue takes to be ready again with a backlog on
-//! disk: fills a store in a scratch directory with N queued webhooks
-//! (default 1,000,000, 1 KiB bodies), closes it, then times opening it
-//! again, the first enqueue answered (which loads the duplicate index
-//! from the store) and the first claim. With `DROP_CACHES=1` (root) the
-//! page cache is dropped before reopening, as after a reboot.
+//! How long a local store takes to be ready again with a backlog on disk:
+//! fills a store in a scratch directory with N queued webhooks (default
+//! 1,000,000, 1 KiB bodies), closes it, then times opening it again, the
+//! first enqueue answered (the embedded store loads its duplicate index
+//! then; the log has rebuilt every index by the time it opens) and the
+//! first claim. With `DROP_CACHES=1` (root) the page cache is dropped
+//! before reopening, as after a reboot.
 //!
-//!   cargo run --release -p breakwater-queue-embedded --example recovery [N]
+//!   cargo run --release -p breakwater-queue-log --example recovery [N] [log|embedded]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use breakwater_queue::{NewMessage, Queue};
 use breakwater_queue_embedded::{EmbeddedConfig, EmbeddedQueue};
+use breakwater_queue_log::{LogConfig, LogQueue};
 
 const BODY: usize = 1024;
 /// Enqueues in flight at once while filling (the writer groups them).
@@ -28,6 +30,15 @@ fn message(i: usize) -> NewMessage {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
     }
+}
+
+/// Opens the store named by `store` in `dir`.
+fn open(store: &str, dir: &std::path::Path) -> Result<Arc<dyn Queue>, Box<dyn std::error::Error>> {
+    Ok(match store {
+        "embedded" => Arc::new(EmbeddedQueue::open(&EmbeddedConfig::at(dir))?),
+        "log" => Arc::new(LogQueue::open(&LogConfig::at(dir))?),
+        other => return Err(format!("no store {other:?}: log or embedded").into()),
+    })
 }
 
 fn dir_size(path: &std::path::Path) -> u64 {
@@ -48,12 +59,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(a) => a.parse()?,
         None => 1_000_000,
     };
+    let store = std::env::args().nth(2).unwrap_or_else(|| "log".to_owned());
     let dir = tempfile::tempdir()?;
-    let config = EmbeddedConfig::at(dir.path());
 
     let filling = Instant::now();
     {
-        let queue = Arc::new(EmbeddedQueue::open(&config)?);
+        let queue = open(&store, dir.path())?;
         let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
         let mut tasks = Vec::with_capacity(IN_FLIGHT);
         for i in 0..n {
@@ -81,7 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The writer and checkpoint threads end once the last handle is gone.
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
-        "filled {n} webhooks of {BODY} B in {:.1} s ({:.0}/s); store {:.0} MiB",
+        "{store}: filled {n} webhooks of {BODY} B in {:.1} s ({:.0}/s); store {:.0} MiB",
         filled.as_secs_f64(),
         n as f64 / filled.as_secs_f64(),
         dir_size(dir.path()) as f64 / (1024.0 * 1024.0)
@@ -92,7 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::fs::write("/proc/sys/vm/drop_caches", "3\n")?;
     }
     let start = Instant::now();
-    let queue = EmbeddedQueue::open(&config)?;
+    let queue = open(&store, dir.path())?;
     let opened = start.elapsed();
     let answered = queue.enqueue(message(n)).await?;
     let first_enqueue = start.elapsed();
