@@ -377,7 +377,9 @@ impl Queue for LogQueue {
                 },
                 mpsc::error::TrySendError::Closed(_) => QueueError::Closed,
             })?;
-        rx.await.map_err(|_| QueueError::Closed)?
+        // The webhook comes back to be freed here, where it was allocated.
+        let (enqueued, _incoming) = rx.await.map_err(|_| QueueError::Closed)??;
+        Ok(enqueued)
     }
 
     async fn claim(&self, max: usize, lease: Duration) -> Result<Vec<Delivery>, QueueError> {

@@ -60,7 +60,10 @@ pub(crate) struct Incoming {
 
 /// A request to the writer.
 pub(crate) enum Op {
-    Enqueue(Box<Incoming>, Reply<Enqueued>),
+    /// The reply hands the webhook back, so the caller's thread, which
+    /// allocated it, frees it: freed on the writer, those cross-thread
+    /// frees were half of the writer's samples.
+    Enqueue(Box<Incoming>, Reply<(Enqueued, Box<Incoming>)>),
     Claim {
         max: usize,
         lease_ms: i64,
@@ -122,6 +125,8 @@ pub(crate) struct Settings {
 const CARRY_BELOW: u64 = 4;
 /// Most live messages carried forward per group.
 const CARRY_PER_GROUP: usize = 256;
+/// Bytes of a group's buffer kept for the next group.
+const KEEP_BUFFER: usize = 4 << 20;
 /// How often applied ids past the dedup window are forgotten.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// A group this slow is logged, with where its time went: about 40 times
@@ -431,7 +436,7 @@ impl Writer {
 
     fn apply(&mut self, op: Op, now: i64) {
         match op {
-            Op::Enqueue(incoming, reply) => self.enqueue(*incoming, reply, now),
+            Op::Enqueue(incoming, reply) => self.enqueue(incoming, reply, now),
             Op::Claim {
                 max,
                 lease_ms,
@@ -550,7 +555,12 @@ impl Writer {
         }
     }
 
-    fn enqueue(&mut self, incoming: Incoming, reply: Reply<Enqueued>, now: i64) {
+    fn enqueue(
+        &mut self,
+        incoming: Box<Incoming>,
+        reply: Reply<(Enqueued, Box<Incoming>)>,
+        now: i64,
+    ) {
         metrics::histogram!(breakwater_queue_embedded::telemetry::QUEUE_ENQUEUE_WAIT_SECONDS)
             .record(incoming.queued_at.elapsed().as_secs_f64());
         if let Some(seen) = self.index.seen(incoming.hash) {
@@ -561,7 +571,7 @@ impl Writer {
             let id = id.to_string();
             self.group
                 .replies
-                .push(finish(reply, Ok(Enqueued::Duplicate { id })));
+                .push(finish(reply, Ok((Enqueued::Duplicate { id }, incoming))));
             return;
         }
         let len = incoming.encoded.frame_len();
@@ -590,7 +600,7 @@ impl Writer {
         let id = id.to_string();
         self.group
             .replies
-            .push(finish(reply, Ok(Enqueued::New { id })));
+            .push(finish(reply, Ok((Enqueued::New { id }, incoming))));
     }
 
     fn replay(
@@ -833,9 +843,10 @@ impl Writer {
         }
     }
 
-    /// Writes the group (and syncs it when it must), then replies.
+    /// Writes the group (and syncs it when it must), then replies. The
+    /// group's buffers are kept for the next one (up to [`KEEP_BUFFER`]).
     fn commit(&mut self) {
-        let group = std::mem::take(&mut self.group);
+        let mut group = std::mem::take(&mut self.group);
         let mut outcome: Result<(), String> = Ok(());
         if !group.buf.is_empty() {
             let written = self
@@ -869,10 +880,16 @@ impl Writer {
             }
         }
         let written = outcome.as_ref().map(|_| ()).map_err(String::as_str);
-        for reply in group.replies {
+        for reply in group.replies.drain(..) {
             reply(written);
         }
-        self.group.start = start;
+        group.buf.clear();
+        group.buf.shrink_to(KEEP_BUFFER);
+        group.inserted.clear();
+        group.replayed.clear();
+        group.sync = false;
+        group.start = start;
+        self.group = group;
     }
 
     /// Deletes the oldest segments while nothing in them is live.
