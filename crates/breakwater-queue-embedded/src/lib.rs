@@ -182,12 +182,15 @@ impl EmbeddedQueue {
     }
 }
 
-fn parse_id(id: &str) -> Result<i64, QueueError> {
+/// A dead letter's (or row's) id as the API gives it; not a number is not
+/// found. Shared with the log backend, whose dead-letter ids are rows too.
+pub fn parse_id(id: &str) -> Result<i64, QueueError> {
     id.parse()
         .map_err(|_| QueueError::NotFound { id: id.to_owned() })
 }
 
-fn parse_ids(ids: &[String]) -> Result<Vec<i64>, QueueError> {
+/// [`parse_id`] of each.
+pub fn parse_ids(ids: &[String]) -> Result<Vec<i64>, QueueError> {
     ids.iter().map(|s| parse_id(s)).collect()
 }
 
@@ -198,12 +201,13 @@ fn lease_token(receipt: &Receipt) -> Result<LeaseToken, QueueError> {
         .ok_or(QueueError::ForeignReceipt)
 }
 
-fn millis(d: Duration) -> i64 {
+/// `d` in whole milliseconds, saturating.
+pub fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Every stats field: the store counts them all.
-const ALL_STATS: &[StatKind] = &[
+/// Every stats field: the store (and the log backend) counts them all.
+pub const ALL_STATS: &[StatKind] = &[
     StatKind::Visible,
     StatKind::InFlight,
     StatKind::Delayed,

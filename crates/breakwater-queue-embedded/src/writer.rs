@@ -23,8 +23,9 @@ use breakwater_queue::{Delivery, Enqueued, Message, NewMessage, QueueError, Rece
 
 use crate::LeaseToken;
 
-/// The reply channel of an operation.
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
+/// The reply channel of an operation (the log backend's writer uses it
+/// too).
+pub type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
 
 /// A message on its way to the writer, with the work that needs no store
 /// (its headers as JSON, its dedup key) already done on the caller's
@@ -135,9 +136,11 @@ pub(crate) struct WriterSettings {
 }
 
 /// Sends the outcome of one operation once the batch's fate is known.
-type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
+pub type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
-fn finish<T: Send + 'static>(reply: Reply<T>, value: Result<T, QueueError>) -> Finish {
+/// The reply of `value`, to be sent once the batch is committed (or
+/// written): a failed commit fails it instead.
+pub fn finish<T: Send + 'static>(reply: Reply<T>, value: Result<T, QueueError>) -> Finish {
     Box::new(move |commit: Result<(), &str>| {
         let outcome = match commit {
             Ok(()) => value,

@@ -288,16 +288,15 @@ impl Index {
     }
 
     /// The live messages whose records lie in `segment`, at most `max`.
+    /// Entries are in id order and the oldest segment holds the oldest
+    /// ids, so the walk stops soon after the first `max`.
     pub(crate) fn live_in(&self, segment: u64, max: usize) -> Vec<(u64, Location)> {
-        let mut found: Vec<(u64, Location)> = self
-            .entries
+        self.entries
             .iter()
             .filter(|(_, e)| e.loc.segment == segment)
             .map(|(&id, e)| (id, e.loc))
-            .collect();
-        found.sort_unstable_by_key(|&(id, _)| id);
-        found.truncate(max);
-        found
+            .take(max)
+            .collect()
     }
 
     /// The state a carry record copies forward for message `id`.
@@ -636,19 +635,22 @@ impl Index {
             .collect()
     }
 
-    /// Counts, except `dead_lettered` (the dead-letter store's).
+    /// Counts, except `dead_lettered` (the dead-letter store's). The
+    /// oldest visible message is the visible one with the lowest id: ids
+    /// follow arrival, except for replayed and migrated messages, which
+    /// get new ids and keep their arrival time. (The minimum over every
+    /// visible entry cost a lookup per queued message, on the writer, at
+    /// every reading.)
     pub(crate) fn stats(&self, now: i64) -> QueueStats {
         let delayed = self.waiting.range((now.saturating_add(1), 0)..).count() as u64;
         let visible_waiting = self.waiting.len() as u64 - delayed;
         let in_flight = self.leased.range((now.saturating_add(1), 0)..).count() as u64;
         let lapsed = self.leased.len() as u64 - in_flight;
         let oldest = self
-            .waiting
-            .range(..(now.saturating_add(1), 0))
-            .chain(self.leased.range(..(now.saturating_add(1), 0)))
-            .filter_map(|(_, id)| self.entries.get(id))
-            .map(|e| e.received_at_ms)
-            .min();
+            .entries
+            .values()
+            .find(|e| e.visible_at_ms <= now)
+            .map(|e| e.received_at_ms);
         QueueStats {
             visible: Some(visible_waiting + lapsed),
             in_flight: Some(in_flight),

@@ -2,17 +2,20 @@
 //! ([`breakwater_queue::Queue`]) whose hot path costs about what the disk
 //! does. `[queue] backend = "log"`.
 //!
-//! - [`record`]: the framing (`length | crc32c | type | id | payload`) and
-//!   the records (enqueue, carry, ack, retry, release, dead-letter).
+//! - [`record`]: the framing (`length | crc32c | type | id | payload |
+//!   end`) and the records (enqueue, carry, ack, retry, release,
+//!   dead-letter, and the dedup file's tombstones).
 //! - [`segment`]: preallocated segment files and reading one back, torn
 //!   tails and damaged frames included.
 //! - [`index`]: what is queued, visible, leased and seen, in memory and
-//!   pure (time passed in), rebuilt from the segments at start.
+//!   pure (time passed in), rebuilt from the segments at start by
+//!   [`recovery`].
 //! - [`writer`]: the one thread that appends each group with one write and
 //!   one `fdatasync`, replies after it, and reclaims segments.
 //! - [`dlq`]: dead letters, in a small SQLite store beside the segments.
 //! - [`dedup_file`]: the applied event ids of reclaimed segments, so a
 //!   restart still knows them within the dedup window.
+//! - [`migrate`]: an embedded SQLite store moved in (`queue migrate`).
 //!
 //! One process owns a store at a time (a lock on `lock` in the
 //! directory): while `serve` runs, the CLI reaches the queue through the
@@ -40,9 +43,9 @@ use async_trait::async_trait;
 use breakwater_queue::{
     Backend, Capabilities, ConfigProblem, DeadLetter, DeadLetterReason, Delivery, DlqPage,
     Enqueued, Flow, NewMessage, OpenMode, Queue, QueueError, QueueSection, QueueStats, Receipt,
-    StatKind,
 };
 use breakwater_queue_embedded::budget::ByteBudget;
+use breakwater_queue_embedded::{ALL_STATS, millis, parse_id, parse_ids};
 use tokio::sync::{mpsc, oneshot};
 
 pub use self::config::LogConfig;
@@ -191,14 +194,13 @@ impl LogQueue {
             .unwrap_or(i64::MAX / 1000)
             .saturating_mul(1000);
         let started = std::time::Instant::now();
-        let (writer, opened) = Writer::open(settings, window_ms, config.dedup_index_max)?;
-        let report = Writer::opened(&opened);
+        let (writer, report) = Writer::open(settings, window_ms, config.dedup_index_max)?;
         tracing::info!(
             path = %dir.display(),
-            segments = opened.segments,
-            queued = opened.queued,
-            corrupt_frames = opened.corrupt_frames,
-            torn_bytes = opened.torn_bytes,
+            segments = report.segments,
+            queued = report.queued,
+            corrupt_frames = report.corrupt_frames,
+            torn_bytes = report.torn_bytes,
             ms = started.elapsed().as_millis() as u64,
             "queue log opened"
         );
@@ -258,6 +260,23 @@ impl LogQueue {
         rx.await.map_err(|_| QueueError::Closed)?
     }
 
+    /// Visible again after `delay`: a retry (`attempt`) or a release.
+    async fn unclaim(
+        &self,
+        receipt: &Receipt,
+        delay: Duration,
+        attempt: bool,
+    ) -> Result<(), QueueError> {
+        let token = lease_token(receipt)?;
+        self.call(|reply| Op::Unclaim {
+            token,
+            delay_ms: millis(delay),
+            attempt,
+            reply,
+        })
+        .await
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -296,36 +315,12 @@ fn lock(dir: &Path) -> Result<File, QueueError> {
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn parse_id(id: &str) -> Result<i64, QueueError> {
-    id.parse()
-        .map_err(|_| QueueError::NotFound { id: id.to_owned() })
-}
-
-fn parse_ids(ids: &[String]) -> Result<Vec<i64>, QueueError> {
-    ids.iter().map(|s| parse_id(s)).collect()
-}
-
 fn lease_token(receipt: &Receipt) -> Result<LeaseToken, QueueError> {
     receipt
         .token::<LeaseToken>()
         .copied()
         .ok_or(QueueError::ForeignReceipt)
 }
-
-/// Every stats field: the log counts them all.
-const ALL_STATS: &[StatKind] = &[
-    StatKind::Visible,
-    StatKind::InFlight,
-    StatKind::Delayed,
-    StatKind::DeadLettered,
-    StatKind::OldestVisibleAge,
-    StatKind::AckedTotal,
-    StatKind::DeadLetteredTotal,
-];
 
 #[async_trait]
 impl Queue for LogQueue {
@@ -435,25 +430,11 @@ impl Queue for LogQueue {
         delay: Duration,
         _error: &str,
     ) -> Result<(), QueueError> {
-        let token = lease_token(receipt)?;
-        self.call(|reply| Op::Unclaim {
-            token,
-            delay_ms: millis(delay),
-            attempt: true,
-            reply,
-        })
-        .await
+        self.unclaim(receipt, delay, true).await
     }
 
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), QueueError> {
-        let token = lease_token(receipt)?;
-        self.call(|reply| Op::Unclaim {
-            token,
-            delay_ms: millis(delay),
-            attempt: false,
-            reply,
-        })
-        .await
+        self.unclaim(receipt, delay, false).await
     }
 
     async fn dead_letter(

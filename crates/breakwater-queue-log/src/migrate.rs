@@ -109,7 +109,7 @@ fn chunk(conn: &Connection, after: i64) -> rusqlite::Result<Vec<(i64, Imported)>
                 },
             ),
             ACKED => Imported::Applied(
-                crate::dedup_hash(&message.source, &message.event_id),
+                message.dedup_hash(),
                 settled_at.unwrap_or(message.received_at_ms),
             ),
             _ => Imported::Dead(NewDead {

@@ -82,6 +82,13 @@ pub(crate) struct StoredMessage {
     pub received_at_ms: i64,
 }
 
+impl StoredMessage {
+    /// Its key in the dedup index.
+    pub(crate) fn dedup_hash(&self) -> u64 {
+        crate::dedup_hash(&self.source, &self.event_id)
+    }
+}
+
 /// A live message's state, as a [`Kind::Carry`] record copies it forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CarriedState {

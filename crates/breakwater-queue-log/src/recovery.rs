@@ -24,10 +24,6 @@ pub(crate) struct Replayed {
     pub corrupt_frames: usize,
 }
 
-fn hash_of(m: &StoredMessage) -> u64 {
-    crate::dedup_hash(&m.source, &m.event_id)
-}
-
 /// Replays every segment in `dir` into `index`, showing each record to
 /// `also` first.
 pub(crate) fn replay_segments(
@@ -50,7 +46,7 @@ pub(crate) fn replay_segments(
                 offset,
                 len: u32::try_from(len).unwrap_or(u32::MAX),
             };
-            index.replay(id, loc, r, hash_of, now);
+            index.replay(id, loc, r, StoredMessage::dedup_hash, now);
         })
         .map_err(|e| storage(&e))?;
         for c in &scanned.corrupt {

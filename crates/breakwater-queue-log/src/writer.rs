@@ -31,9 +31,10 @@ use std::time::{Duration, Instant};
 use breakwater_queue::{Delivery, Enqueued, Message, QueueError, QueueStats, Receipt};
 use breakwater_queue_embedded::budget::Reserved;
 use breakwater_queue_embedded::clock::now_ms;
-use breakwater_queue_embedded::writer::{LINGER, LINGER_BELOW, drain};
+pub(crate) use breakwater_queue_embedded::writer::Reply;
+use breakwater_queue_embedded::writer::{Finish, LINGER, LINGER_BELOW, drain, finish};
 use rusqlite::Connection;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::dedup_file::DedupFile;
 use crate::dlq::{self, NewDead};
@@ -41,10 +42,7 @@ use crate::index::{Index, Location, Seen};
 use crate::migrate::{Imported, Migrated};
 use crate::record::{self, CarriedState, EncodedMessage, Record, StoredMessage};
 use crate::segment::{self, HEADER_BYTES};
-use crate::{LeaseToken, telemetry};
-
-/// The reply channel of an operation.
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, QueueError>>;
+use crate::{LeaseToken, OpenReport, telemetry};
 
 /// A webhook on its way to the writer, encoded and checksummed on the
 /// caller's thread.
@@ -133,20 +131,6 @@ const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// a full-load group (0.5 ms), as the embedded queue's writer does.
 const SLOW: Duration = Duration::from_millis(20);
 
-/// Sends one operation's outcome once its group's fate is known.
-type Finish = Box<dyn FnOnce(Result<(), &str>) + Send>;
-
-fn finish<T: Send + 'static>(reply: Reply<T>, value: Result<T, QueueError>) -> Finish {
-    Box::new(move |written: Result<(), &str>| {
-        let outcome = match written {
-            Ok(()) => value,
-            Err(e) => Err(QueueError::Storage(e.to_owned())),
-        };
-        // The caller may have given up waiting; that is its business.
-        let _ = reply.send(outcome);
-    })
-}
-
 fn lease_lost(id: u64) -> QueueError {
     QueueError::LeaseLost { id: id.to_string() }
 }
@@ -197,37 +181,14 @@ pub(crate) struct Writer {
     next_prune: Instant,
 }
 
-/// What opening found, for the log line at start.
-#[derive(Debug, Default)]
-pub(crate) struct Opened {
-    pub segments: usize,
-    pub queued: usize,
-    pub corrupt_frames: usize,
-    pub torn_bytes: u64,
-}
-
-fn hash_of(m: &StoredMessage) -> u64 {
-    crate::dedup_hash(&m.source, &m.event_id)
-}
-
 impl Writer {
-    /// What opening found.
-    pub(crate) fn opened(opened: &Opened) -> crate::OpenReport {
-        crate::OpenReport {
-            segments: opened.segments,
-            queued: opened.queued,
-            corrupt_frames: opened.corrupt_frames,
-            torn_bytes: opened.torn_bytes,
-        }
-    }
-
     /// Opens the store in `settings.dir`: reads the dedup file and every
     /// segment, zeroes a torn tail, and readies the segment to append to.
     pub(crate) fn open(
         settings: Settings,
         dedup_window_ms: i64,
         dedup_max: usize,
-    ) -> Result<(Self, Opened), QueueError> {
+    ) -> Result<(Self, OpenReport), QueueError> {
         let dir = settings.dir.clone();
         let mut index = Index::new(dedup_window_ms, dedup_max);
         let loaded = crate::dedup_file::load(&dir).map_err(storage)?;
@@ -240,9 +201,11 @@ impl Writer {
         }
         index.reserve_ids_below(loaded.next_id);
         let replayed = crate::recovery::replay_segments(&dir, &mut index, now, |_, _| {})?;
-        let mut opened = Opened {
+        let mut opened = OpenReport {
+            segments: 0,
+            queued: 0,
             corrupt_frames: replayed.corrupt_frames,
-            ..Opened::default()
+            torn_bytes: 0,
         };
         let (mut segments, mut last, mut previous) =
             (replayed.segments, replayed.last, replayed.previous);
@@ -392,9 +355,9 @@ impl Writer {
             let found = self
                 .index
                 .holding_location(token.id, token.lease)
-                .and_then(|loc| self.read(loc).ok().map(|m| (loc, m)));
+                .and_then(|loc| self.read(loc).ok());
             match found {
-                Some((_, Record::Enqueue(message) | Record::Carry(message, _))) => {
+                Some(Record::Enqueue(message) | Record::Carry(message, _)) => {
                     let state = self.index.carried_state(token.id);
                     rows.push(NewDead {
                         message,
@@ -618,7 +581,7 @@ impl Writer {
                 replays: row.replays + 1,
                 visible_at_ms: now,
             };
-            self.index.forget(hash_of(&row.message));
+            self.index.forget(row.message.dedup_hash());
             self.queue_carried(row.message, state)?;
             self.group.replayed.push(row.id);
             done.push(row.id);
@@ -633,7 +596,7 @@ impl Writer {
         message: StoredMessage,
         state: CarriedState,
     ) -> Result<(), QueueError> {
-        let hash = hash_of(&message);
+        let hash = message.dedup_hash();
         let id = self.index.take_id();
         let record = Record::Carry(message, state);
         let mut frame = Vec::new();
@@ -659,8 +622,8 @@ impl Writer {
         let mut applied = Vec::new();
         for item in items {
             let hash = match &item {
-                Imported::Queued(m, _) => hash_of(m),
-                Imported::Dead(d) => hash_of(&d.message),
+                Imported::Queued(m, _) => m.dedup_hash(),
+                Imported::Dead(d) => d.message.dedup_hash(),
                 Imported::Applied(hash, _) => *hash,
             };
             if self.index.seen(hash).is_some() {
@@ -817,12 +780,19 @@ impl Writer {
     /// Copies a few of the oldest segment's live messages forward when
     /// little of it is live.
     fn carry(&mut self) {
-        let Some((oldest, live_bytes)) =
-            self.index.segments().next().map(|(s, u)| (s, u.live_bytes))
+        let Some((oldest, live, live_bytes)) = self
+            .index
+            .segments()
+            .next()
+            .map(|(s, u)| (s, u.live, u.live_bytes))
         else {
             return;
         };
-        if oldest == self.current || live_bytes * CARRY_BELOW > self.settings.segment_bytes {
+        // An empty oldest is reclaim's; a full one is not worth copying.
+        if oldest == self.current
+            || live == 0
+            || live_bytes * CARRY_BELOW > self.settings.segment_bytes
+        {
             return;
         }
         for (id, loc) in self.index.live_in(oldest, CARRY_PER_GROUP) {
