@@ -299,20 +299,22 @@ impl Index {
             .collect()
     }
 
-    /// The state a carry record copies forward for message `id`.
+    /// The state a carry record copies forward for message `id`. A lease
+    /// lives in memory only, so a leased message is carried as visible at
+    /// once: after a crash its lease has lapsed, as an enqueue record's
+    /// would have (its `visible_at_ms` is the lease's end, not a delay).
     pub(crate) fn carried_state(&self, id: u64) -> Option<CarriedState> {
         self.entries.get(&id).map(|e| CarriedState {
             attempts: e.attempts,
             replays: e.replays,
-            visible_at_ms: e.visible_at_ms,
+            visible_at_ms: if e.leased { 0 } else { e.visible_at_ms },
         })
     }
 
-    /// Message `id`'s record now lies at `loc` (a carry was written).
-    pub(crate) fn moved(&mut self, id: u64, loc: Location) {
-        let Some(entry) = self.entries.get_mut(&id) else {
-            return;
-        };
+    /// Message `id`'s record now lies at `loc` (a carry was written);
+    /// returns where it lay before.
+    pub(crate) fn moved(&mut self, id: u64, loc: Location) -> Option<Location> {
+        let entry = self.entries.get_mut(&id)?;
         let old = std::mem::replace(&mut entry.loc, loc);
         if let Some(u) = self.segments.get_mut(&old.segment) {
             u.live = u.live.saturating_sub(1);
@@ -321,6 +323,7 @@ impl Index {
         let u = self.segments.entry(loc.segment).or_default();
         u.live += 1;
         u.live_bytes += u64::from(loc.len);
+        Some(old)
     }
 
     /// Queues message `id` (an enqueue, a carry, a replay), visible per
@@ -725,6 +728,18 @@ mod tests {
         assert_eq!(ix.ack(1, second.lease, 150), Ok(()));
         assert_eq!(ix.len(), 0);
         assert_eq!(ix.seen(1), Some(Seen::Settled(150)));
+    }
+
+    #[test]
+    fn a_leased_message_is_carried_visible_at_once_a_delayed_one_keeps_its_delay() {
+        let mut ix = with(2, 0);
+        let claimed = ix.claim(2, 60_000, &[], 0);
+        ix.unclaim(claimed[1].id, claimed[1].lease, 500, true)
+            .expect("retry");
+        let leased = ix.carried_state(claimed[0].id).expect("queued");
+        assert_eq!(leased.visible_at_ms, 0, "a lease does not outlive a crash");
+        let delayed = ix.carried_state(claimed[1].id).expect("queued");
+        assert_eq!((delayed.visible_at_ms, delayed.attempts), (500, 1));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //!   [`recovery`].
 //! - [`writer`]: the one thread that appends each group with one write and
 //!   one `fdatasync`, replies after it, and reclaims segments.
+//! - [`disk`]: the seam between the writer's group writes and the disk.
 //! - [`dlq`]: dead letters, in a small SQLite store beside the segments.
 //! - [`dedup_file`]: the applied event ids of reclaimed segments, so a
 //!   restart still knows them within the dedup window.
@@ -24,6 +25,7 @@
 
 pub mod config;
 mod dedup_file;
+pub mod disk;
 mod dlq;
 mod index;
 mod migrate;
@@ -49,6 +51,7 @@ use breakwater_queue_embedded::{ALL_STATS, millis, parse_id, parse_ids};
 use tokio::sync::{mpsc, oneshot};
 
 pub use self::config::LogConfig;
+use self::disk::GroupDisk;
 pub use self::migrate::Migrated;
 use self::record::{EncodedMessage, StoredMessage};
 use self::writer::{Incoming, Op, Reply, Settings, Writer};
@@ -164,10 +167,17 @@ impl LogQueue {
     /// Opens (creating if needed) the store under `config.path` and starts
     /// its writer thread; it ends when the last clone is dropped.
     pub fn open(config: &LogConfig) -> Result<Self, QueueError> {
+        Self::open_on(config, Arc::new(disk::FileSystem))
+    }
+
+    /// [`LogQueue::open`] with the writer's group writes going to `disk`
+    /// instead of straight to the file system: the seam a power-loss test
+    /// puts a file layer into.
+    pub fn open_on(config: &LogConfig, disk: Arc<dyn GroupDisk>) -> Result<Self, QueueError> {
         std::fs::create_dir_all(&config.path).map_err(|e| {
             QueueError::Storage(format!("cannot create {}: {e}", config.path.display()))
         })?;
-        Self::start(config)
+        Self::start(config, disk)
     }
 
     /// Opens the store only if it exists ([`QueueError::Missing`]
@@ -179,14 +189,15 @@ impl LogQueue {
                 location: config.path.display().to_string(),
             });
         }
-        Self::start(config)
+        Self::start(config, Arc::new(disk::FileSystem))
     }
 
-    fn start(config: &LogConfig) -> Result<Self, QueueError> {
+    fn start(config: &LogConfig, disk: Arc<dyn GroupDisk>) -> Result<Self, QueueError> {
         let dir = config.path.clone();
         let lock = lock(&dir)?;
         let settings = Settings {
             dir: dir.clone(),
+            disk,
             max_batch: config.max_batch.max(1),
             segment_bytes: config.segment_bytes.max(config::MIN_SEGMENT_BYTES),
         };

@@ -22,6 +22,9 @@ pub(crate) struct Replayed {
     pub previous: Option<(u64, Scanned)>,
     /// Frames skipped for a failed checksum.
     pub corrupt_frames: usize,
+    /// The newest segment, when a crash cut its creation short: it holds
+    /// nothing and is not among `segments`.
+    pub unfinished: Option<u64>,
 }
 
 /// Replays every segment in `dir` into `index`, showing each record to
@@ -37,6 +40,7 @@ pub(crate) fn replay_segments(
         segments: segment::list(dir).map_err(|e| storage(&e))?,
         ..Replayed::default()
     };
+    let newest = replayed.segments.last().copied();
     for &s in &replayed.segments {
         index.add_segment(s);
         let scanned = segment::scan(dir, s, |offset, id, r, len| {
@@ -47,8 +51,15 @@ pub(crate) fn replay_segments(
                 len: u32::try_from(len).unwrap_or(u32::MAX),
             };
             index.replay(id, loc, r, StoredMessage::dedup_hash, now);
-        })
-        .map_err(|e| storage(&e))?;
+        });
+        let scanned = match scanned {
+            Err(segment::ScanError::Unfinished { .. }) if Some(s) == newest => {
+                index.remove_segment(s);
+                replayed.unfinished = Some(s);
+                break;
+            }
+            other => other.map_err(|e| storage(&e))?,
+        };
         for c in &scanned.corrupt {
             tracing::error!(
                 segment = s,
@@ -59,6 +70,9 @@ pub(crate) fn replay_segments(
         }
         replayed.corrupt_frames += scanned.corrupt.len();
         replayed.previous = replayed.last.replace((s, scanned));
+    }
+    if let Some(s) = replayed.unfinished {
+        replayed.segments.retain(|&x| x != s);
     }
     Ok(replayed)
 }

@@ -136,6 +136,11 @@ pub(crate) enum ScanError {
     },
     #[error("{path} is not a Breakwater log segment (its header is not {index}'s)")]
     NotASegment { path: PathBuf, index: u64 },
+    /// Shorter than its header, or a header cut short with zeros after
+    /// it: a segment whose creation a crash interrupted. It was never
+    /// written to (a segment is appended to only once made and synced).
+    #[error("{path} is a segment whose creation was cut short")]
+    Unfinished { path: PathBuf },
 }
 
 /// Reads segment `index` of `dir`, calling `visit(offset, id, record,
@@ -167,6 +172,13 @@ pub(crate) fn scan_file(
     expected[..8].copy_from_slice(MAGIC);
     expected[8..].copy_from_slice(&index.to_le_bytes());
     if buf.get(..HEADER_BYTES as usize) != Some(&expected[..]) {
+        let head = &buf[..buf.len().min(HEADER_BYTES as usize)];
+        let written = head.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+        if head[..written] == expected[..written] && buf[written..].iter().all(|&b| b == 0) {
+            return Err(ScanError::Unfinished {
+                path: path.to_owned(),
+            });
+        }
         return Err(ScanError::NotASegment {
             path: path.to_owned(),
             index,
@@ -291,6 +303,39 @@ mod tests {
         );
         assert_eq!(scanned.end as usize, buf.len());
         assert_eq!(scanned.torn_bytes, 0);
+    }
+
+    #[test]
+    fn a_segment_whose_creation_was_cut_short_reads_as_unfinished_not_as_foreign() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut header = MAGIC.to_vec();
+        header.extend_from_slice(&5u64.to_le_bytes());
+        let cut_short: [Vec<u8>; 4] = [
+            Vec::new(),
+            header[..3].to_vec(),
+            [&header[..8], &[0u8; 100][..]].concat(),
+            vec![0u8; 4096],
+        ];
+        for bytes in cut_short {
+            std::fs::write(path(dir.path(), 5), &bytes).expect("write");
+            assert!(
+                matches!(
+                    scan(dir.path(), 5, |_, _, _, _| {}),
+                    Err(ScanError::Unfinished { .. })
+                ),
+                "{bytes:?}"
+            );
+        }
+        for foreign in [
+            b"BWQLOG02".to_vec(),
+            [&header[..], b"x"].concat()[1..].to_vec(),
+        ] {
+            std::fs::write(path(dir.path(), 5), &foreign).expect("write");
+            assert!(matches!(
+                scan(dir.path(), 5, |_, _, _, _| {}),
+                Err(ScanError::NotASegment { .. })
+            ));
+        }
     }
 
     #[test]

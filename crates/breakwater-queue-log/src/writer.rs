@@ -25,6 +25,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,7 @@ use rusqlite::Connection;
 use tokio::sync::mpsc;
 
 use crate::dedup_file::DedupFile;
+use crate::disk::GroupDisk;
 use crate::dlq::{self, NewDead};
 use crate::index::{Index, Location, Seen};
 use crate::migrate::{Imported, Migrated};
@@ -114,6 +116,8 @@ pub(crate) enum Op {
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub dir: PathBuf,
+    /// Where group writes go.
+    pub disk: Arc<dyn GroupDisk>,
     pub max_batch: usize,
     pub segment_bytes: u64,
 }
@@ -150,6 +154,9 @@ struct Group {
     /// Enqueued (or carried, replayed) in this group: undone if the write
     /// fails.
     inserted: Vec<u64>,
+    /// Carried forward in this group, and where each lay before: moved
+    /// back if the write fails, so a reclaim never deletes the only copy.
+    moved: Vec<(u64, Location)>,
     replies: Vec<Finish>,
     /// Dead letters replayed into this group, deleted from the
     /// dead-letter store once it is on disk.
@@ -207,6 +214,13 @@ impl Writer {
             corrupt_frames: replayed.corrupt_frames,
             torn_bytes: 0,
         };
+        if let Some(s) = replayed.unfinished {
+            tracing::warn!(
+                segment = s,
+                "deleting a queue segment whose creation a crash cut short (it held nothing)"
+            );
+            std::fs::remove_file(segment::path(&dir, s)).map_err(storage)?;
+        }
         let (mut segments, mut last, mut previous) =
             (replayed.segments, replayed.last, replayed.previous);
         let mut files = HashMap::new();
@@ -330,6 +344,11 @@ impl Writer {
             metrics::histogram!(telemetry::QUEUE_COMMIT_BATCH).record(ops as f64);
         }
         self.commit();
+        // The next owner may open the store once this thread lets go of
+        // the lock: a segment still being made would look cut short to it.
+        if let Some((_, Spare::Making(handle))) = self.spare.take() {
+            let _ = handle.join();
+        }
     }
 
     /// Writes the dead letters of `batch` to the dead-letter store in one
@@ -808,7 +827,9 @@ impl Writer {
             }
             let loc = self.location(frame.len());
             self.group.buf.extend_from_slice(&frame);
-            self.index.moved(id, loc);
+            if let Some(before) = self.index.moved(id, loc) {
+                self.group.moved.push((id, before));
+            }
             self.group.sync = true;
         }
     }
@@ -824,8 +845,13 @@ impl Writer {
                 .get(&self.current)
                 .ok_or_else(|| io::Error::other("the current segment is not open"))
                 .and_then(|f| {
-                    f.write_all_at(&group.buf, group.start)?;
-                    if group.sync { f.sync_data() } else { Ok(()) }
+                    let disk = &self.settings.disk;
+                    disk.write_at(self.current, f, &group.buf, group.start)?;
+                    if group.sync {
+                        disk.sync_data(self.current, f)
+                    } else {
+                        Ok(())
+                    }
                 });
             if let Err(e) = written {
                 tracing::error!(error = %e, segment = self.current, "the queue's group write failed");
@@ -837,6 +863,9 @@ impl Writer {
             Err(_) => {
                 for id in &group.inserted {
                     self.index.discard(*id);
+                }
+                for &(id, before) in group.moved.iter().rev() {
+                    self.index.moved(id, before);
                 }
                 group.start
             }
@@ -856,6 +885,7 @@ impl Writer {
         group.buf.clear();
         group.buf.shrink_to(KEEP_BUFFER);
         group.inserted.clear();
+        group.moved.clear();
         group.replayed.clear();
         group.sync = false;
         group.start = start;

@@ -1,13 +1,19 @@
 //! The log store against what a crash or a disk leaves behind: a torn
-//! last group (cut at every byte), a flipped bit mid-segment, and a full
-//! filesystem (a small tmpfs, so this one needs root; it fails, not skips,
-//! without it).
+//! last group (cut at every byte), a flipped bit mid-segment, a segment
+//! whose creation was cut short, a group write that fails while it
+//! carries messages forward, and a full filesystem (a small tmpfs, so
+//! this one needs root; it fails, not skips, without it). Power loss is
+//! `power_loss.rs`.
 
 use std::collections::BTreeSet;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use breakwater_queue::{Enqueued, NewMessage, Queue, QueueError};
+use breakwater_queue_log::disk::{FileSystem, GroupDisk};
 use breakwater_queue_log::{LogConfig, LogQueue};
 use bytes::Bytes;
 
@@ -46,6 +52,19 @@ async fn open(config: &LogConfig) -> LogQueue {
     panic!("the store's lock was never released");
 }
 
+/// Waits until no writer holds the store in `dir`: a dropped queue's
+/// writer thread lets go of the lock last, once its files are closed.
+async fn wait_released(dir: &Path) {
+    let lock = std::fs::File::open(dir.join("lock")).expect("lock file");
+    for _ in 0..500 {
+        if lock.try_lock().is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the store's lock was never released");
+}
+
 /// Event ids of every queued message, claimed (and so left to lapse).
 async fn queued(q: &LogQueue) -> BTreeSet<String> {
     q.claim(10_000, LEASE)
@@ -70,7 +89,8 @@ fn data_end(dir: &Path) -> usize {
 fn copy_store(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).expect("read dir") {
         let entry = entry.expect("entry");
-        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+        std::fs::copy(entry.path(), to.join(entry.file_name()))
+            .unwrap_or_else(|e| panic!("copy {}: {e}", entry.path().display()));
     }
 }
 
@@ -91,7 +111,7 @@ async fn a_last_group_cut_at_every_byte_opens_with_only_whole_records() {
         }
     }
     // Once the writer has let go: where the last group starts.
-    drop(open(&store).await);
+    wait_released(dir.path()).await;
     let before = data_end(dir.path());
     {
         let q = open(&store).await;
@@ -100,7 +120,7 @@ async fn a_last_group_cut_at_every_byte_opens_with_only_whole_records() {
         b.expect("enqueue");
     }
     // Wait for the last writer to let go before reading its files.
-    drop(open(&store).await);
+    wait_released(dir.path()).await;
     let after = data_end(dir.path());
     let frame = (after - before) / 2;
     assert!(frame > 64, "two frames of one size: {before}..{after}");
@@ -148,7 +168,7 @@ async fn a_flipped_bit_mid_segment_costs_that_record_alone_and_is_reported() {
                 .expect("enqueue");
         }
     }
-    drop(open(&config).await);
+    wait_released(dir.path()).await;
     let start = 16;
     let frame = (data_end(dir.path()) - start) / 5;
     let mut bytes = std::fs::read(segment_file(dir.path())).expect("segment");
@@ -161,7 +181,7 @@ async fn a_flipped_bit_mid_segment_costs_that_record_alone_and_is_reported() {
     expected.remove("e2");
     assert_eq!(queued(&q).await, expected);
     drop(q);
-    drop(open(&config).await);
+    wait_released(dir.path()).await;
     let inspected = breakwater_queue_log::inspect(dir.path()).expect("inspect");
     assert_eq!(inspected.corrupt_frames, 1);
 }
@@ -235,4 +255,91 @@ async fn a_full_disk_refuses_enqueues_loses_nothing_and_recovers_when_it_grows()
         acknowledged,
         "every acknowledged webhook is there"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_whose_creation_was_cut_short_is_dropped_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(dir.path());
+    {
+        let q = open(&config).await;
+        q.enqueue(message("e0", 64)).await.expect("enqueue");
+    }
+    wait_released(dir.path()).await;
+    // A crash between creating the next segment's file and its header.
+    for stub in [Vec::new(), b"BWQLOG".to_vec()] {
+        let next = dir.path().join("segment-0000000000000009.log");
+        std::fs::write(&next, &stub).expect("stub");
+        let q = open(&config).await;
+        assert_eq!(queued(&q).await, ids(0..1));
+        drop(q);
+        wait_released(dir.path()).await;
+        assert!(!next.exists(), "the unfinished segment is deleted");
+    }
+}
+
+/// Writes that fail while `failing` is set, as a disk that returns EIO.
+#[derive(Debug, Default)]
+struct FailingDisk {
+    failing: AtomicBool,
+}
+
+impl GroupDisk for FailingDisk {
+    fn write_at(&self, segment: u64, file: &File, buf: &[u8], at: u64) -> std::io::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected EIO"));
+        }
+        FileSystem.write_at(segment, file, buf, at)
+    }
+
+    fn sync_data(&self, segment: u64, file: &File) -> std::io::Result<()> {
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("injected EIO"));
+        }
+        FileSystem.sync_data(segment, file)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_that_carried_messages_forward_leaves_them_where_they_were() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(dir.path());
+    let disk = Arc::new(FailingDisk::default());
+    let q = LogQueue::open_on(&config, disk.clone()).expect("open");
+    // 12 KiB bodies: five to a 64 KiB segment. Two live in the first keep
+    // it over a quarter live (no carry); one live is carried forward.
+    for i in 0..8 {
+        q.enqueue(message(&format!("e{i}"), 12 << 10))
+            .await
+            .expect("enqueue");
+    }
+    let claimed = q.claim(100, LEASE).await.expect("claim");
+    assert_eq!(claimed.len(), 8);
+    let (keep, last) = (&claimed[0], &claimed[1]);
+    for d in &claimed[2..] {
+        q.ack(&d.receipt).await.expect("ack");
+    }
+    q.release(&keep.receipt, Duration::ZERO)
+        .await
+        .expect("release");
+    // The ack that leaves `keep` alone in its segment: its group carries
+    // `keep` forward, and its write fails.
+    disk.failing.store(true, Ordering::SeqCst);
+    let failed = q.ack(&last.receipt).await;
+    assert!(matches!(failed, Err(QueueError::Storage(_))), "{failed:?}");
+    disk.failing.store(false, Ordering::SeqCst);
+    q.enqueue(message("after", 64)).await.expect("enqueue");
+    let expected = BTreeSet::from(["e0".to_owned(), "after".to_owned()]);
+    let got = q.claim(10, LEASE).await.expect("claim");
+    let events: BTreeSet<String> = got.iter().map(|d| d.message.event_id.clone()).collect();
+    assert_eq!(events, expected);
+    let kept = got
+        .iter()
+        .find(|d| d.message.event_id == "e0")
+        .expect("kept");
+    assert_eq!(kept.message.body, keep.message.body);
+    drop(got);
+    drop(q);
+    let q = open(&config).await;
+    assert_eq!(queued(&q).await, expected, "after a restart too");
 }
