@@ -8,11 +8,12 @@ use serde::Serialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LabBackend {
-    /// The embedded store, under --data-dir.
+    /// The segment-log store (`backend = "log"`, the default), under
+    /// --data-dir.
     #[default]
-    Embedded,
-    /// The segment-log store (`backend = "log"`), under --data-dir.
     Log,
+    /// The embedded SQLite store, under --data-dir.
+    Embedded,
     /// NATS JetStream at --queue-url, on streams of the run's own, removed
     /// afterwards.
     Nats,

@@ -59,6 +59,10 @@ use self::writer::{Incoming, Op, Reply, Settings, Writer};
 /// The name `[queue] backend` selects this backend by.
 pub const BACKEND_NAME: &str = "log";
 
+/// Added to `queue.db`'s name once [`LogQueue::adopt_embedded_store`] has
+/// moved it into the log.
+pub const MIGRATED_SUFFIX: &str = ".migrated";
+
 /// File name of the lock that keeps a second process out.
 const LOCK_FILE: &str = "lock";
 
@@ -260,6 +264,63 @@ impl LogQueue {
             progress(&total);
         }
         Ok(total)
+    }
+
+    /// Moves in an embedded SQLite store left in this store's directory
+    /// (`queue.db`, the store of every release before the log was the
+    /// default), then renames it `queue.db.migrated`, so an upgrade
+    /// strands nothing and a restart does not move it twice. A migration
+    /// cut short leaves `queue.db` in place and is finished at the next
+    /// start (what is already in the log is skipped). `None`: nothing to
+    /// move.
+    pub async fn adopt_embedded_store(&self) -> Result<Option<Migrated>, QueueError> {
+        let old = self.path.join(breakwater_queue_embedded::FILE_NAME);
+        if !old.is_file() {
+            return Ok(None);
+        }
+        tracing::warn!(
+            from = %old.display(),
+            "found an embedded SQLite store in the log's directory: moving what it holds into the log"
+        );
+        let moved = self
+            .migrate_from_embedded(&old, |so_far| {
+                tracing::info!(
+                    queued = so_far.queued,
+                    dead = so_far.dead,
+                    applied_ids = so_far.applied_ids,
+                    "moving the embedded store into the log"
+                );
+            })
+            .await?;
+        for suffix in ["", "-wal", "-shm"] {
+            let from = self
+                .path
+                .join(format!("{}{suffix}", breakwater_queue_embedded::FILE_NAME));
+            let to = self.path.join(format!(
+                "{}{MIGRATED_SUFFIX}{suffix}",
+                breakwater_queue_embedded::FILE_NAME
+            ));
+            match std::fs::rename(&from, &to) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !suffix.is_empty() => {}
+                Err(e) => {
+                    return Err(QueueError::Storage(format!(
+                        "moved the embedded store into the log but cannot rename {} to {}: {e}",
+                        from.display(),
+                        to.display()
+                    )));
+                }
+            }
+        }
+        tracing::warn!(
+            queued = moved.queued,
+            dead = moved.dead,
+            applied_ids = moved.applied_ids,
+            skipped = moved.skipped,
+            kept_as = %self.path.join(format!("{}{MIGRATED_SUFFIX}", breakwater_queue_embedded::FILE_NAME)).display(),
+            "the embedded store is in the log; the old file is kept, renamed, and may be deleted"
+        );
+        Ok(Some(moved))
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Op) -> Result<T, QueueError> {
@@ -545,7 +606,11 @@ impl Backend for LogBackend {
         let config =
             LogConfig::from_section(section).map_err(|e| QueueError::Storage(e.to_string()))?;
         let queue = match mode {
-            OpenMode::Serve => LogQueue::open(&config)?,
+            OpenMode::Serve => {
+                let queue = LogQueue::open(&config)?;
+                queue.adopt_embedded_store().await?;
+                queue
+            }
             OpenMode::Inspect => LogQueue::open_existing(&config)?,
         };
         Ok(Arc::new(queue))

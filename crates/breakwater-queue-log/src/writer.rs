@@ -298,7 +298,7 @@ impl Writer {
             dedup_file,
             next_prune: Instant::now() + PRUNE_EVERY,
         };
-        writer.prepare_spare();
+        writer.prepare_spare_when_due();
         Ok((writer, opened))
     }
 
@@ -324,6 +324,7 @@ impl Writer {
             let applied = started.elapsed();
             self.commit();
             let committed = started.elapsed();
+            self.prepare_spare_when_due();
             self.reclaim();
             if Instant::now() >= self.next_prune {
                 self.index.prune(now_ms());
@@ -747,9 +748,14 @@ impl Writer {
         })
     }
 
-    /// Starts creating the segment after the current one.
-    fn prepare_spare(&mut self) {
-        if self.spare.is_some() {
+    /// Starts creating the segment after the current one once a quarter of
+    /// the current one is written: early enough to be ready at the roll
+    /// (making 64 MiB takes well under the time 48 MiB of webhooks take to
+    /// arrive), late enough that a fresh store's first webhooks do not
+    /// sync behind 64 MiB of zeros (a first webhook took over 1 s so on a
+    /// busy machine).
+    fn prepare_spare_when_due(&mut self) {
+        if self.spare.is_some() || self.group.start < self.size / 4 {
             return;
         }
         let (dir, next, size) = (
@@ -792,7 +798,6 @@ impl Writer {
         self.current = next;
         self.size = size;
         self.group.start = HEADER_BYTES;
-        self.prepare_spare();
         Ok(())
     }
 

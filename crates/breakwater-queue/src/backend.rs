@@ -11,26 +11,32 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Queue, QueueError};
 
+/// The backend of a `[queue]` table that names none: the segment log, on
+/// one node with no service to run (`embedded`, the SQLite store, is the
+/// other single-node backend).
+pub const DEFAULT_BACKEND: &str = "log";
+
 /// The `[queue]` table: the keys every backend reads, and the rest as the
 /// selected backend's own keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct QueueSection {
-    /// Which backend holds accepted webhooks (`embedded` by default).
+    /// Which backend holds accepted webhooks ([`DEFAULT_BACKEND`] unless
+    /// set).
     pub backend: String,
     /// Where the broker is (`amqp://...`, `nats://...`, bootstrap servers, an
-    /// SQS endpoint); unused by the embedded backend.
+    /// SQS endpoint); unused by the single-node backends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// Queue, stream or topic name; retry, DLQ and consumer names derive
-    /// from it. Unused by the embedded backend.
+    /// from it. Unused by the single-node backends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Visibility timeout (lease) of a claimed message, in milliseconds.
     pub lease_ms: u64,
     /// How long the broker keeps a message before dropping it, seconds
     /// (SQS's retention period, Kafka's `retention.ms`, a NATS stream's
-    /// `max_age`); none: it keeps them (the embedded queue does).
+    /// `max_age`); none: it keeps them (the single-node backends do).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retention_secs: Option<u64>,
     /// Warn (log, `GET /breaker`, the headroom metric's alert) when the
@@ -44,7 +50,7 @@ pub struct QueueSection {
 impl Default for QueueSection {
     fn default() -> Self {
         Self {
-            backend: "embedded".to_owned(),
+            backend: DEFAULT_BACKEND.to_owned(),
             url: None,
             name: None,
             lease_ms: 30_000,

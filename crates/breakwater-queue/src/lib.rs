@@ -48,7 +48,9 @@ mod stats;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{Backend, ConfigProblem, OpenMode, QueueSection, own_keys_table};
+pub use backend::{
+    Backend, ConfigProblem, DEFAULT_BACKEND, OpenMode, QueueSection, own_keys_table,
+};
 pub use dead_letter::{DeadLetter, DeadLetterReason, DlqPage};
 pub use dlq_search::{DlqFilter, DlqSearch, dlq_search};
 pub use error::QueueError;

@@ -524,7 +524,7 @@ fn retention(config: &Config, assumed: &Assumptions) -> Finding {
                 hours(config.queue.retention_warn_secs)
             ),
         ),
-        None if matches!(backend, "embedded" | "rabbitmq" | "nats") => pass(
+        None if matches!(backend, "embedded" | "log" | "rabbitmq" | "nats") => pass(
             CHECK,
             format!(
                 "the {backend} queue keeps a message until it is applied or dead-lettered (no \
@@ -551,12 +551,15 @@ fn retention(config: &Config, assumed: &Assumptions) -> Finding {
 fn fleet(config: &Config, live: &Live) -> Option<Finding> {
     const CHECK: &str = "fleet";
     let fleet = config.fleet.as_ref()?;
-    if config.queue.backend == "embedded" {
+    if matches!(config.queue.backend.as_str(), "embedded" | "log") {
         return Some(flag(
             CHECK,
             Verdict::Fail,
-            "[fleet] with the embedded queue: its store belongs to one process, so the fleet's \
-             processes cannot share its webhooks",
+            format!(
+                "[fleet] with the {} queue: its store belongs to one process, so the fleet's \
+                 processes cannot share its webhooks",
+                config.queue.backend
+            ),
             "use a broker backend ([queue] backend = \"rabbitmq\", \"nats\", \"kafka\" or \
              \"sqs\") for a fleet, or drop [fleet] on a single node",
         ));

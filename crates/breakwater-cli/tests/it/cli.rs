@@ -64,7 +64,7 @@ fn missing_secret_env_is_a_clear_error() {
 
 #[test]
 fn queue_stats_reads_the_store_and_never_makes_one() {
-    let sandbox = Sandbox::new("");
+    let sandbox = Sandbox::with_embedded_queue("");
     let config = sandbox.config_path().to_str().expect("utf8").to_owned();
     let store = sandbox.queue_db().parent().expect("queue dir").to_owned();
     // No store yet: said plainly, nothing created.
@@ -302,7 +302,7 @@ fn logs_can_be_json_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_migrate_moves_an_embedded_store_into_the_log() {
-    let old = Sandbox::new("");
+    let old = Sandbox::with_embedded_queue("");
     {
         let store = breakwater_queue_embedded::EmbeddedQueue::open(
             &breakwater_queue_embedded::EmbeddedConfig::at(old.queue_dir()),
@@ -355,4 +355,49 @@ async fn queue_migrate_moves_an_embedded_store_into_the_log() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["visible"], 3, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_the_default_log_takes_in_an_embedded_store_left_in_its_directory() {
+    // A data directory from before the log was the default: an embedded
+    // store holding three webhooks.
+    let sandbox = Sandbox::new("");
+    {
+        let store = breakwater_queue_embedded::EmbeddedQueue::open(
+            &breakwater_queue_embedded::EmbeddedConfig::at(sandbox.queue_dir()),
+        )
+        .expect("create the embedded store");
+        for i in 0..3 {
+            let event = format!("evt_upgrade_{i}");
+            breakwater::queue::Queue::enqueue(
+                &store,
+                breakwater::queue::NewMessage {
+                    source: "stripe".into(),
+                    event_id: event.clone(),
+                    entity_key: Some("7".into()),
+                    headers: Vec::new(),
+                    body: stripe_event(&event, "7").into(),
+                    received_at_ms: 1_700_000_000_000,
+                },
+            )
+            .await
+            .expect("enqueue");
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let old = sandbox.queue_db();
+    assert!(old.is_file());
+    let server = sandbox.start_ingress();
+    let http = Http::default();
+    let stats = queue_stats(&http, &server).await;
+    assert_eq!(stats["visible"], 3, "{stats}");
+    assert!(!old.exists(), "the embedded store is renamed once moved");
+    assert!(sandbox.queue_dir().join("queue.db.migrated").is_file());
+    // Redelivered by the issuer: already queued, answered as a duplicate.
+    let again = post_stripe(&http, &server, stripe_event("evt_upgrade_1", "7")).await;
+    assert_eq!(again.status, http::StatusCode::OK, "{:?}", again.body);
+    drop(server);
+    // A restart moves nothing twice.
+    let server = sandbox.start_ingress();
+    assert_eq!(queue_stats(&http, &server).await["visible"], 3);
 }

@@ -28,7 +28,7 @@ enum Store {
 impl Store {
     fn sandbox(self) -> Sandbox {
         match self {
-            Self::Embedded => Sandbox::new(""),
+            Self::Embedded => Sandbox::with_embedded_queue(""),
             Self::Log => Sandbox::with_log_queue(""),
         }
     }

@@ -406,7 +406,7 @@ async fn disk_full(http: &Http) -> Row {
     let disk = Mounted::tmpfs("3m");
     let sandbox = Sandbox::with_queue(
         &format!(
-            "[queue]\npath = \"{}\"\n",
+            "[queue]\nbackend = \"embedded\"\npath = \"{}\"\n",
             disk.0.path().join("queue").display()
         ),
         &sink(&pg.url("postgres")),

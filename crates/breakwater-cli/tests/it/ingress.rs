@@ -200,7 +200,8 @@ async fn refusals_answer_json_and_enqueue_nothing() {
 
 #[tokio::test]
 async fn queue_that_cannot_commit_answers_503_with_retry_after() {
-    let sandbox = Sandbox::new("");
+    // The embedded store, whose file another process can lock.
+    let sandbox = Sandbox::with_embedded_queue("");
     let server = sandbox.start_ingress();
     let http = Http::default();
     // Another process holds the store's write lock: the writer's commit

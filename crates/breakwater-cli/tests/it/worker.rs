@@ -257,10 +257,22 @@ async fn poison_goes_to_the_dlq_and_the_breaker_stays_closed() {
         breaker["breaker"]["history"]
     );
     let out = std::process::Command::new(binary())
-        .args(["dlq", "list", "--json", "--config"])
+        .args([
+            "dlq",
+            "list",
+            "--json",
+            "--admin",
+            &server.admin.to_string(),
+            "--config",
+        ])
         .arg(sandbox.config_path())
         .output()
         .expect("dlq list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let first = &list[0];
     assert_eq!(first["class"], "permanent");
@@ -371,7 +383,13 @@ async fn duplicate_delivery_is_applied_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_or_releases_in_flight_work_and_exits() {
-    let (db, sandbox, mut server, http) = orders_server("").await;
+    // On the embedded store, which keeps leases on disk: whether the
+    // message was released shows in its file.
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    let sandbox = Sandbox::with_embedded_queue(&sink_config(&db, ""));
+    let mut server = sandbox.start();
+    let http = Http::default();
     // Order 1042 is locked: its message sits in an apply, waiting on the lock.
     let locker = crate::pg::connect(&db.name).await;
     locker

@@ -50,7 +50,7 @@ pub struct DrainBenchArgs {
     #[arg(long, default_value = "data/bench")]
     pub data_dir: PathBuf,
     /// Which queue backend holds the backlog.
-    #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
+    #[arg(long, value_enum, default_value_t = LabBackend::Log)]
     pub backend: LabBackend,
     /// The broker's address (default: the broker's usual local one).
     #[arg(long)]

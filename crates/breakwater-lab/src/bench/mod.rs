@@ -124,7 +124,7 @@ pub struct IngressBenchArgs {
     pub floor: bool,
     /// Which queue backend the ingress enqueues onto (with --floor, a
     /// local one: embedded or log).
-    #[arg(long, value_enum, default_value_t = LabBackend::Embedded)]
+    #[arg(long, value_enum, default_value_t = LabBackend::Log)]
     pub backend: LabBackend,
     /// The broker's address (default: the broker's usual local one,
     /// nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, the

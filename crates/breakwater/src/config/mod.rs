@@ -451,7 +451,7 @@ mod tests {
     fn empty_file_gives_defaults() {
         let c = parse("").expect("defaults are valid");
         assert_eq!(c.ingress.listen.port(), 8080);
-        assert_eq!(c.queue.backend, "embedded");
+        assert_eq!(c.queue.backend, "log");
         assert!(c.sources.is_empty());
     }
 

@@ -143,11 +143,21 @@ impl Config {
                 "is empty: set a secret, or leave the key out on a loopback admin.listen",
             ));
         }
-        // A webhook of the largest size must fit in the embedded writer's
-        // byte budget, or it would be refused with 503 every time.
-        if let Ok(embedded) = breakwater_queue_embedded::EmbeddedConfig::from_section(&self.queue)
-            && self.queue.backend == "embedded"
-            && embedded.max_pending_bytes < self.ingress.max_body_bytes.saturating_add(64 * 1024)
+        // A webhook of the largest size must fit in the single-node
+        // writer's byte budget, or it would be refused with 503 every time.
+        let pending_bytes = match self.queue.backend.as_str() {
+            "embedded" => breakwater_queue_embedded::EmbeddedConfig::from_section(&self.queue)
+                .ok()
+                .map(|c| c.max_pending_bytes),
+            breakwater_queue_log::BACKEND_NAME => {
+                breakwater_queue_log::LogConfig::from_section(&self.queue)
+                    .ok()
+                    .map(|c| c.max_pending_bytes)
+            }
+            _ => None,
+        };
+        if let Some(pending_bytes) = pending_bytes
+            && pending_bytes < self.ingress.max_body_bytes.saturating_add(64 * 1024)
         {
             return Err(ConfigError::invalid(
                 "queue.max_pending_bytes",

@@ -85,13 +85,24 @@ impl Sandbox {
     }
 
     /// A sandbox whose `[queue]` table is `queue` (a broker's) instead of
-    /// the embedded store under the sandbox; `{queue_dir}` in it stands
+    /// the default store (the segment log) under the sandbox; `{queue_dir}` in it stands
     /// for the sandbox's queue directory.
     pub fn with_queue(queue: &str, extra: &str) -> Self {
         Self::build("", Some(queue), extra)
     }
 
-    /// A sandbox whose queue is the segment log under the sandbox.
+    /// A sandbox whose queue is the embedded SQLite store under the
+    /// sandbox (the default is the segment log), for tests that read its
+    /// `queue.db`.
+    pub fn with_embedded_queue(extra: &str) -> Self {
+        Self::with_queue(
+            "[queue]\nbackend = \"embedded\"\npath = \"{queue_dir}\"\n",
+            extra,
+        )
+    }
+
+    /// A sandbox whose queue is the segment log under the sandbox, named
+    /// in the config (as the default would choose it).
     pub fn with_log_queue(extra: &str) -> Self {
         Self::with_queue(
             "[queue]\nbackend = \"log\"\npath = \"{queue_dir}\"\n",
