@@ -28,7 +28,10 @@
 //! such queue would show with that headroom.
 //!
 //! Phases 1 and 2 alternate for `--rounds` rounds, and the ratio reported
-//! is the median of the rounds' ratios; phase 3 runs at half the median of
+//! is the median of the rounds' ratios (with `--floor`, Breakwater's over
+//! the own-thread floor's is printed too: the leader floor runs right
+//! after bare hyper, then Breakwater and the own-thread floor back to back,
+//! taking turns going first); phase 3 runs at half the median of
 //! phase 2's rates. On a shared VM either side alone moves by a third from
 //! one minute to the next (bare hyper measured 36k to 60k req/s in five
 //! runs within half an hour on the VM of 2026-11-29): the two phases of one round run back to
@@ -183,6 +186,15 @@ impl Round {
     /// The own-thread floor's rate over bare hyper's, when it ran.
     pub fn floor_ratio(&self) -> Option<f64> {
         self.floor.as_ref().map(|floor| self.ratio_of(floor))
+    }
+
+    /// Breakwater's rate over the own-thread floor's, when it ran: what
+    /// issue 23's target reads.
+    pub fn of_floor(&self) -> Option<f64> {
+        self.floor
+            .as_ref()
+            .filter(|floor| floor.rate() > 0.0)
+            .map(|floor| self.breakwater.rate() / floor.rate())
     }
 
     /// The leader floor's rate over bare hyper's, when it ran.
@@ -473,6 +485,19 @@ impl fmt::Display for IngressBenchReport {
                 per_round.join(", ")
             )?;
         }
+        let of_floor: Vec<f64> = self.rounds.iter().filter_map(Round::of_floor).collect();
+        if !of_floor.is_empty() {
+            let per_round: Vec<String> = of_floor
+                .iter()
+                .map(|r| format!("{:.1}%", r * 100.0))
+                .collect();
+            writeln!(
+                f,
+                "ratio breakwater / floor, own thread: {:.1}% (median of rounds: {})",
+                median(of_floor.clone()) * 100.0,
+                per_round.join(", ")
+            )?;
+        }
         if let Some(i) = &self.inside {
             writeln!(
                 f,
@@ -625,20 +650,15 @@ pub fn run_ingress_bench(
         eprintln!("round {n}/{}: phase 1/4: bare hyper", args.rounds);
         let tag = format!("bare{n}");
         let bare = client_rt.block_on(load::run(spec(bare_addr, "/", &tag, None)))?;
-        eprintln!("round {n}/{}: phase 2/4: breakwater ingress", args.rounds);
-        let before = QueueCpu::read();
-        let tag = format!("bw{n}");
-        let breakwater = client_rt.block_on(load::run(spec(addr, &path, &tag, None)))?;
-        queue_cpu = match (queue_cpu, before, QueueCpu::read()) {
-            (Some(sum), Some(before), Some(after)) => Some(sum.plus(after.since(before))),
-            _ => None,
-        };
+        // The leader floor runs first; then Breakwater and the own-thread
+        // floor, the pair issue 23 compares, back to back and taking turns
+        // going first. Neither of the pair always follows bare hyper or
+        // the other: whichever ran right after bare hyper read 10-20%
+        // lower in most rounds (2026-12-03).
+        let own_floor_first = n % 2 == 0;
         let (mut floor, mut leader_floor) = (None, None);
-        if let Some((own_thread, leader)) = floor_addrs {
-            for (addr, name, report) in [
-                (own_thread, "own thread", &mut floor),
-                (leader, "leader", &mut leader_floor),
-            ] {
+        let mut run_floor =
+            |addr: SocketAddr, name: &str, report: &mut Option<LoadReport>| -> anyhow::Result<()> {
                 eprintln!(
                     "round {n}/{}: floor, {name}: the ingress on a write-and-fsync file",
                     args.rounds
@@ -649,7 +669,26 @@ pub fn run_ingress_bench(
                 if let (Some(before), Some(after)) = (before, totals()) {
                     floor_share = floor_share.plus_between(before, after);
                 }
+                Ok(())
+            };
+        if let Some((own_thread, leader)) = floor_addrs {
+            run_floor(leader, "leader", &mut leader_floor)?;
+            if own_floor_first {
+                run_floor(own_thread, "own thread", &mut floor)?;
             }
+        }
+        eprintln!("round {n}/{}: phase 2/4: breakwater ingress", args.rounds);
+        let before = QueueCpu::read();
+        let tag = format!("bw{n}");
+        let breakwater = client_rt.block_on(load::run(spec(addr, &path, &tag, None)))?;
+        queue_cpu = match (queue_cpu, before, QueueCpu::read()) {
+            (Some(sum), Some(before), Some(after)) => Some(sum.plus(after.since(before))),
+            _ => None,
+        };
+        if let Some((own_thread, _)) = floor_addrs
+            && !own_floor_first
+        {
+            run_floor(own_thread, "own thread", &mut floor)?;
         }
         rounds.push(Round {
             bare,
