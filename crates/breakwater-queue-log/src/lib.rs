@@ -274,7 +274,12 @@ impl LogQueue {
     /// start (what is already in the log is skipped). `None`: nothing to
     /// move.
     pub async fn adopt_embedded_store(&self) -> Result<Option<Migrated>, QueueError> {
-        let old = self.path.join(breakwater_queue_embedded::FILE_NAME);
+        // `queue.db` and its companions, before and after the rename.
+        let file = |tail: &str| {
+            self.path
+                .join(format!("{}{tail}", breakwater_queue_embedded::FILE_NAME))
+        };
+        let old = file("");
         if !old.is_file() {
             return Ok(None);
         }
@@ -293,13 +298,7 @@ impl LogQueue {
             })
             .await?;
         for suffix in ["", "-wal", "-shm"] {
-            let from = self
-                .path
-                .join(format!("{}{suffix}", breakwater_queue_embedded::FILE_NAME));
-            let to = self.path.join(format!(
-                "{}{MIGRATED_SUFFIX}{suffix}",
-                breakwater_queue_embedded::FILE_NAME
-            ));
+            let (from, to) = (file(suffix), file(&format!("{MIGRATED_SUFFIX}{suffix}")));
             match std::fs::rename(&from, &to) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && !suffix.is_empty() => {}
@@ -317,7 +316,7 @@ impl LogQueue {
             dead = moved.dead,
             applied_ids = moved.applied_ids,
             skipped = moved.skipped,
-            kept_as = %self.path.join(format!("{}{MIGRATED_SUFFIX}", breakwater_queue_embedded::FILE_NAME)).display(),
+            kept_as = %file(MIGRATED_SUFFIX).display(),
             "the embedded store is in the log; the old file is kept, renamed, and may be deleted"
         );
         Ok(Some(moved))

@@ -71,8 +71,9 @@ pub(crate) fn replay_segments(
         replayed.corrupt_frames += scanned.corrupt.len();
         replayed.previous = replayed.last.replace((s, scanned));
     }
-    if let Some(s) = replayed.unfinished {
-        replayed.segments.retain(|&x| x != s);
+    if replayed.unfinished.is_some() {
+        // It is the newest: the last listed.
+        replayed.segments.pop();
     }
     Ok(replayed)
 }

@@ -226,11 +226,12 @@ fn config(dir: &Path) -> LogConfig {
 
 /// A body that names its event, of a length the event decides.
 fn body(event: &str) -> Bytes {
-    let n = 40 + (xxhash(event) % 1500) as usize;
+    let n = 40 + (fnv1a(event) % 1500) as usize;
     Bytes::from(format!("{event};").repeat(n / (event.len() + 1) + 1))
 }
 
-fn xxhash(s: &str) -> u64 {
+/// FNV-1a: a stable number per event id, to size its body and pick its key.
+fn fnv1a(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     })
@@ -240,7 +241,7 @@ fn message(event: &str) -> NewMessage {
     NewMessage {
         source: "stripe".into(),
         event_id: event.into(),
-        entity_key: Some(format!("order-{}", xxhash(event) % 50)),
+        entity_key: Some(format!("order-{}", fnv1a(event) % 50)),
         headers: vec![("content-type".into(), "application/json".into())],
         body: body(event),
         received_at_ms: 1_700_000_000_000,

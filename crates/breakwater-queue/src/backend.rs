@@ -16,6 +16,10 @@ use crate::{Queue, QueueError};
 /// other single-node backend).
 pub const DEFAULT_BACKEND: &str = "log";
 
+/// The backends whose store belongs to one process: no fleet can share
+/// them, and they keep a message until it is applied.
+pub const SINGLE_NODE_BACKENDS: [&str; 2] = ["log", "embedded"];
+
 /// The `[queue]` table: the keys every backend reads, and the rest as the
 /// selected backend's own keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,6 +13,7 @@ use serde::Serialize;
 use breakwater_fleet::FleetView;
 
 use crate::config::{BackoffJitter, Config};
+use crate::queue::SINGLE_NODE_BACKENDS;
 use breakwater_sink::DatabaseAudit;
 
 /// A finding's verdict.
@@ -524,14 +525,18 @@ fn retention(config: &Config, assumed: &Assumptions) -> Finding {
                 hours(config.queue.retention_warn_secs)
             ),
         ),
-        None if matches!(backend, "embedded" | "log" | "rabbitmq" | "nats") => pass(
-            CHECK,
-            format!(
-                "the {backend} queue keeps a message until it is applied or dead-lettered (no \
+        None if SINGLE_NODE_BACKENDS.contains(&backend)
+            || matches!(backend, "rabbitmq" | "nats") =>
+        {
+            pass(
+                CHECK,
+                format!(
+                    "the {backend} queue keeps a message until it is applied or dead-lettered (no \
                  expiry here; a broker policy or max_age set outside Breakwater would change \
                  that: then {set_it})"
-            ),
-        ),
+                ),
+            )
+        }
         None => flag(
             CHECK,
             Verdict::Warn,
@@ -551,7 +556,7 @@ fn retention(config: &Config, assumed: &Assumptions) -> Finding {
 fn fleet(config: &Config, live: &Live) -> Option<Finding> {
     const CHECK: &str = "fleet";
     let fleet = config.fleet.as_ref()?;
-    if matches!(config.queue.backend.as_str(), "embedded" | "log") {
+    if SINGLE_NODE_BACKENDS.contains(&config.queue.backend.as_str()) {
         return Some(flag(
             CHECK,
             Verdict::Fail,

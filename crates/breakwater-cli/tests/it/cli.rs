@@ -300,24 +300,24 @@ fn logs_can_be_json_lines() {
     assert!(lines.iter().any(|l| l.contains("listening")), "{lines:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn queue_migrate_moves_an_embedded_store_into_the_log() {
-    let old = Sandbox::with_embedded_queue("");
+/// An embedded store in `dir` holding three Stripe webhooks for order 7,
+/// `{prefix}_0` to `{prefix}_2`, closed (its writer given 200 ms to let go).
+async fn fill_embedded_store(dir: &std::path::Path, prefix: &str) {
     {
         let store = breakwater_queue_embedded::EmbeddedQueue::open(
-            &breakwater_queue_embedded::EmbeddedConfig::at(old.queue_dir()),
+            &breakwater_queue_embedded::EmbeddedConfig::at(dir),
         )
         .expect("create the embedded store");
         for i in 0..3 {
-            let body = stripe_event(&format!("evt_migrate_{i}"), "7");
+            let event = format!("{prefix}_{i}");
             breakwater::queue::Queue::enqueue(
                 &store,
                 breakwater::queue::NewMessage {
                     source: "stripe".into(),
-                    event_id: format!("evt_migrate_{i}"),
+                    event_id: event.clone(),
                     entity_key: Some("7".into()),
                     headers: Vec::new(),
-                    body: body.into(),
+                    body: stripe_event(&event, "7").into(),
                     received_at_ms: 1_700_000_000_000,
                 },
             )
@@ -326,6 +326,12 @@ async fn queue_migrate_moves_an_embedded_store_into_the_log() {
         }
     }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_migrate_moves_an_embedded_store_into_the_log() {
+    let old = Sandbox::with_embedded_queue("");
+    fill_embedded_store(&old.queue_dir(), "evt_migrate").await;
     let from = old.queue_db();
     let from = from.to_str().expect("utf8");
 
@@ -362,29 +368,7 @@ async fn serve_on_the_default_log_takes_in_an_embedded_store_left_in_its_directo
     // A data directory from before the log was the default: an embedded
     // store holding three webhooks.
     let sandbox = Sandbox::new("");
-    {
-        let store = breakwater_queue_embedded::EmbeddedQueue::open(
-            &breakwater_queue_embedded::EmbeddedConfig::at(sandbox.queue_dir()),
-        )
-        .expect("create the embedded store");
-        for i in 0..3 {
-            let event = format!("evt_upgrade_{i}");
-            breakwater::queue::Queue::enqueue(
-                &store,
-                breakwater::queue::NewMessage {
-                    source: "stripe".into(),
-                    event_id: event.clone(),
-                    entity_key: Some("7".into()),
-                    headers: Vec::new(),
-                    body: stripe_event(&event, "7").into(),
-                    received_at_ms: 1_700_000_000_000,
-                },
-            )
-            .await
-            .expect("enqueue");
-        }
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    fill_embedded_store(&sandbox.queue_dir(), "evt_upgrade").await;
     let old = sandbox.queue_db();
     assert!(old.is_file());
     let server = sandbox.start_ingress();

@@ -211,6 +211,19 @@ impl Round {
     }
 }
 
+/// `ratios` as printed: `91.5% (median of rounds: 94.3%, 88.4%, 91.5%)`.
+fn median_of_rounds(ratios: &[f64]) -> String {
+    let per_round: Vec<String> = ratios
+        .iter()
+        .map(|r| format!("{:.1}%", r * 100.0))
+        .collect();
+    format!(
+        "{:.1}% (median of rounds: {})",
+        median(ratios.to_vec()) * 100.0,
+        per_round.join(", ")
+    )
+}
+
 /// The median of `values` (the mean of the middle two for an even count);
 /// 0 for none.
 pub fn median(mut values: Vec<f64>) -> f64 {
@@ -440,16 +453,11 @@ impl fmt::Display for IngressBenchReport {
                 cpu
             )?;
         }
-        let per_round: Vec<String> = self
-            .rounds
-            .iter()
-            .map(|r| format!("{:.1}%", r.ratio() * 100.0))
-            .collect();
+        let ratios: Vec<f64> = self.rounds.iter().map(Round::ratio).collect();
         writeln!(
             f,
-            "ratio breakwater / bare hyper: {:.1}% (median of rounds: {})",
-            self.ratio() * 100.0,
-            per_round.join(", ")
+            "ratio breakwater / bare hyper: {}",
+            median_of_rounds(&ratios)
         )?;
         let floors = [
             (
@@ -474,28 +482,18 @@ impl fmt::Display for IngressBenchReport {
             if ratios.is_empty() {
                 continue;
             }
-            let per_round: Vec<String> = ratios
-                .iter()
-                .map(|r| format!("{:.1}%", r * 100.0))
-                .collect();
             writeln!(
                 f,
-                "ratio {name} / bare hyper: {:.1}% (median of rounds: {}): {meaning}",
-                median(ratios.clone()) * 100.0,
-                per_round.join(", ")
+                "ratio {name} / bare hyper: {}: {meaning}",
+                median_of_rounds(&ratios)
             )?;
         }
         let of_floor: Vec<f64> = self.rounds.iter().filter_map(Round::of_floor).collect();
         if !of_floor.is_empty() {
-            let per_round: Vec<String> = of_floor
-                .iter()
-                .map(|r| format!("{:.1}%", r * 100.0))
-                .collect();
             writeln!(
                 f,
-                "ratio breakwater / floor, own thread: {:.1}% (median of rounds: {})",
-                median(of_floor.clone()) * 100.0,
-                per_round.join(", ")
+                "ratio breakwater / floor, own thread: {}",
+                median_of_rounds(&of_floor)
             )?;
         }
         if let Some(i) = &self.inside {
