@@ -229,7 +229,7 @@ impl Drop for WriteOnDrop<'_> {
 }
 
 /// Creates the file at `path` with `len` zero bytes on disk.
-fn preallocate(path: &Path, len: u64) -> std::io::Result<std::fs::File> {
+pub(crate) fn preallocate(path: &Path, len: u64) -> std::io::Result<std::fs::File> {
     let mut file = std::fs::File::create(path)?;
     let zeros = vec![0u8; 1 << 20];
     let mut left = len;
@@ -245,7 +245,7 @@ fn preallocate(path: &Path, len: u64) -> std::io::Result<std::fs::File> {
 /// Where a group of `len` bytes goes after one that ended at `end`: on,
 /// or back at the start when it would pass the ring's end. (A group
 /// larger than the ring starts at 0 and grows the file.)
-fn ring_offset(end: u64, len: u64) -> u64 {
+pub(crate) fn ring_offset(end: u64, len: u64) -> u64 {
     if end + len <= RING_BYTES { end } else { 0 }
 }
 

@@ -70,6 +70,7 @@
 pub mod drain;
 pub mod floor;
 pub mod forward;
+pub mod lean;
 pub mod load;
 pub mod send;
 pub mod threads;
@@ -175,6 +176,9 @@ pub struct Round {
     pub floor: Option<LoadReport>,
     /// The floor led from the runtime's threads, when it ran.
     pub leader_floor: Option<LoadReport>,
+    /// The lean floor ([`lean`]: verify, append, fsync, nothing else),
+    /// when it ran.
+    pub lean_floor: Option<LoadReport>,
 }
 
 impl Round {
@@ -200,6 +204,20 @@ impl Round {
     /// The leader floor's rate over bare hyper's, when it ran.
     pub fn leader_floor_ratio(&self) -> Option<f64> {
         self.leader_floor.as_ref().map(|floor| self.ratio_of(floor))
+    }
+
+    /// The lean floor's rate over bare hyper's, when it ran.
+    pub fn lean_floor_ratio(&self) -> Option<f64> {
+        self.lean_floor.as_ref().map(|floor| self.ratio_of(floor))
+    }
+
+    /// Breakwater's rate over the lean floor's, when it ran: issue 23's
+    /// outside target (75%), read in the same run.
+    pub fn of_lean_floor(&self) -> Option<f64> {
+        self.lean_floor
+            .as_ref()
+            .filter(|floor| floor.rate() > 0.0)
+            .map(|floor| self.breakwater.rate() / floor.rate())
     }
 
     fn ratio_of(&self, phase: &LoadReport) -> f64 {
@@ -426,6 +444,9 @@ impl fmt::Display for IngressBenchReport {
             if let Some(floor) = &round.leader_floor {
                 rows.push((format!("{n}: floor, leader"), floor));
             }
+            if let Some(floor) = &round.lean_floor {
+                rows.push((format!("{n}: floor, lean"), floor));
+            }
         }
         rows.push(("breakwater at 1/2 peak".to_owned(), &self.half_rate));
         rows.push(("bare hyper at that rate".to_owned(), &self.bare_half_rate));
@@ -477,6 +498,14 @@ impl fmt::Display for IngressBenchReport {
                     .collect(),
                 "the same with the fsync on the runtime's own threads, no hand-off",
             ),
+            (
+                "floor, lean",
+                self.rounds
+                    .iter()
+                    .filter_map(Round::lean_floor_ratio)
+                    .collect(),
+                "hyper, the signature check, one write and fsync per group, nothing else",
+            ),
         ];
         for (name, ratios, meaning) in floors {
             if ratios.is_empty() {
@@ -494,6 +523,18 @@ impl fmt::Display for IngressBenchReport {
                 f,
                 "ratio breakwater / floor, own thread: {}",
                 median_of_rounds(&of_floor)
+            )?;
+        }
+        let of_lean: Vec<f64> = self
+            .rounds
+            .iter()
+            .filter_map(Round::of_lean_floor)
+            .collect();
+        if !of_lean.is_empty() {
+            writeln!(
+                f,
+                "ratio breakwater / floor, lean: {}",
+                median_of_rounds(&of_lean)
             )?;
         }
         if let Some(i) = &self.inside {
@@ -628,6 +669,7 @@ pub fn run_ingress_bench(
         Some((
             server_rt.block_on(start_floor(&config, &dir, floor::FloorMode::OwnThread))?,
             server_rt.block_on(start_floor(&config, &dir, floor::FloorMode::Leader))?,
+            server_rt.block_on(lean::start(&dir.join("floor-lean.log"), BENCH_SECRET))?,
         ))
     } else {
         None
@@ -654,13 +696,10 @@ pub fn run_ingress_bench(
         // the other: whichever ran right after bare hyper read 10-20%
         // lower in most rounds (2026-12-03).
         let own_floor_first = n % 2 == 0;
-        let (mut floor, mut leader_floor) = (None, None);
+        let (mut floor, mut leader_floor, mut lean_floor) = (None, None, None);
         let mut run_floor =
             |addr: SocketAddr, name: &str, report: &mut Option<LoadReport>| -> anyhow::Result<()> {
-                eprintln!(
-                    "round {n}/{}: floor, {name}: the ingress on a write-and-fsync file",
-                    args.rounds
-                );
+                eprintln!("round {n}/{}: floor, {name}", args.rounds);
                 let tag = format!("floor-{name}-{n}");
                 let before = totals();
                 *report = Some(client_rt.block_on(load::run(spec(addr, &path, &tag, None)))?);
@@ -669,8 +708,9 @@ pub fn run_ingress_bench(
                 }
                 Ok(())
             };
-        if let Some((own_thread, leader)) = floor_addrs {
+        if let Some((own_thread, leader, lean)) = floor_addrs {
             run_floor(leader, "leader", &mut leader_floor)?;
+            run_floor(lean, "lean", &mut lean_floor)?;
             if own_floor_first {
                 run_floor(own_thread, "own thread", &mut floor)?;
             }
@@ -683,7 +723,7 @@ pub fn run_ingress_bench(
             (Some(sum), Some(before), Some(after)) => Some(sum.plus(after.since(before))),
             _ => None,
         };
-        if let Some((own_thread, _)) = floor_addrs
+        if let Some((own_thread, _, _)) = floor_addrs
             && !own_floor_first
         {
             run_floor(own_thread, "own thread", &mut floor)?;
@@ -693,6 +733,7 @@ pub fn run_ingress_bench(
             breakwater,
             floor,
             leader_floor,
+            lean_floor,
         });
     }
     let after_rounds = totals();
@@ -706,7 +747,7 @@ pub fn run_ingress_bench(
         .zip(totals())
         .map(|(before, after)| Inside::between(before, after));
     let floor_half_rate = match floor_addrs {
-        Some((own_thread, _)) => {
+        Some((own_thread, _, _)) => {
             let peak = median(
                 rounds
                     .iter()
