@@ -182,18 +182,28 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Serve
         .map_err(|error| ServeError::Bind { what, addr, error })
 }
 
-fn spawn_server(
+fn spawn_server<S>(
     name: &'static str,
     listener: TcpListener,
-    router: axum::Router,
+    service: S,
     limits: crate::http::ServerLimits,
     stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(crate::http::serve(name, listener, router, limits, stop))
+) -> JoinHandle<()>
+where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    tokio::spawn(crate::http::serve(name, listener, service, limits, stop))
 }
 
 /// The ingress listener's limits.
-fn ingress_limits(config: &Config) -> crate::http::ServerLimits {
+pub fn ingress_limits(config: &Config) -> crate::http::ServerLimits {
     let i = &config.ingress;
     crate::http::ServerLimits {
         max_connections: i.max_connections,
@@ -535,11 +545,10 @@ pub async fn start_with(
         if let Some(controller) = &controller {
             ingress = ingress.with_apply_status(Arc::clone(controller) as Arc<dyn ApplyStatus>);
         }
-        let router = ingress.router();
         tasks.push(spawn_server(
             "ingress",
             listener,
-            router,
+            ingress.service(),
             ingress_limits(config),
             stop_rx.clone(),
         ));

@@ -817,18 +817,21 @@ async fn start_floor(
     // The embedded store's group settings (the log's are the same).
     let embedded = EmbeddedConfig::from_section(&config.queue).unwrap_or_default();
     let queue = floor::FloorQueue::open(&file, &embedded, mode)?;
-    let router = breakwater::ingress::Ingress::new(
+    let service = breakwater::ingress::Ingress::new(
         &sources,
         std::sync::Arc::new(queue),
         config.ingress.max_body_bytes,
     )
-    .router();
+    .service();
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
+    // Served as `serve` serves the ingress: the same limits, the same
+    // path; it stops with the process.
+    let (never_stops, stop) = tokio::sync::watch::channel(false);
+    let limits = breakwater::serve::ingress_limits(config);
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(error = %e, "the floor's server stopped");
-        }
+        let _never_stops = never_stops;
+        breakwater::http::serve("floor", listener, service, limits, stop).await;
     });
     Ok(addr)
 }

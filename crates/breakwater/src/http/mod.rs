@@ -31,7 +31,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
 use crate::telemetry;
 
@@ -62,15 +62,22 @@ fn json_error(status: StatusCode, code: &str, detail: &str, retry_after: bool) -
         .unwrap_or_else(|_| Response::new(Body::empty()))
 }
 
-/// Serves `router` on `listener` under `limits` until `stop`, then drains
-/// (see the module doc). `name` labels its metrics and logs.
-pub async fn serve(
+/// Serves `service` (an axum router, or the ingress's own service) on
+/// `listener` under `limits` until `stop`, then drains (see the module
+/// doc). `name` labels its metrics and logs.
+pub async fn serve<S>(
     name: &'static str,
     listener: TcpListener,
-    router: axum::Router,
+    service: S,
     limits: ServerLimits,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let in_flight = Arc::new(Semaphore::new(limits.max_in_flight.max(1)));
     let mut open = JoinSet::new();
@@ -100,10 +107,10 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let router = router.clone();
+        let per_connection = service.clone();
         let in_flight = Arc::clone(&in_flight);
         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let router = router.clone();
+            let service = per_connection.clone();
             let in_flight = Arc::clone(&in_flight);
             async move {
                 let Ok(_slot) = in_flight.try_acquire_owned() else {
@@ -114,8 +121,7 @@ pub async fn serve(
                         true,
                     ));
                 };
-                let req = req.map(Body::new);
-                match tokio::time::timeout(limits.request_timeout, router.oneshot(req)).await {
+                match tokio::time::timeout(limits.request_timeout, service.oneshot(req)).await {
                     Ok(Ok(response)) => Ok(response),
                     Ok(Err(never)) => match never {},
                     Err(_) => Ok(json_error(

@@ -22,6 +22,7 @@
 //! answer 5xx.
 
 mod error;
+mod service;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ use metrics::{Counter, Histogram};
 use serde::Serialize;
 
 pub use self::error::{IngressError, RETRY_AFTER_SECS};
+pub use self::service::IngressService;
 use crate::queue::{Enqueued, NewMessage, Queue, QueueError};
 use crate::source::{Source, Sources};
 use crate::telemetry;
@@ -115,9 +117,21 @@ impl Ingress {
         self
     }
 
-    /// The ingress router.
+    /// The ingress as the listener serves it: webhooks straight from
+    /// hyper's request, the rest through [`Self::router`] (see
+    /// [`service`]).
+    pub fn service(self) -> IngressService {
+        IngressService::new(self)
+    }
+
+    /// The ingress router: every path, webhooks included, through axum.
     pub fn router(self) -> Router {
-        let limit = self.max_body_bytes;
+        Self::router_on(Arc::new(self))
+    }
+
+    /// The router over shared `state`.
+    fn router_on(state: Arc<Self>) -> Router {
+        let limit = state.max_body_bytes;
         Router::new()
             .route("/webhooks/{source}", post(receive))
             .route("/healthz", get(healthy))
@@ -126,7 +140,7 @@ impl Ingress {
             .method_not_allowed_fallback(wrong_method)
             .fallback(no_route)
             .layer(DefaultBodyLimit::max(limit))
-            .with_state(Arc::new(self))
+            .with_state(state)
     }
 }
 
@@ -149,11 +163,31 @@ async fn receive(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let name = name.map_or_else(|_| NOT_UTF8.to_owned(), |Path(name)| name);
-    match accept(&ingress, &name, &headers, body).await {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            IngressError::TooLarge {
+                limit: ingress.max_body_bytes,
+            }
+        } else {
+            IngressError::BadBody(rejection.body_text())
+        }
+    });
+    take(&ingress, &name, &headers, body).await
+}
+
+/// One webhook to source `name`, its body read (or why it could not be):
+/// the answer, every refusal counted.
+async fn take(
+    ingress: &Ingress,
+    name: &str,
+    headers: &HeaderMap,
+    body: Result<Bytes, IngressError>,
+) -> Response {
+    match accept(ingress, name, headers, body).await {
         Ok(response) => response,
         Err(e) => {
-            let source = if ingress.routes.contains_key(&name) {
-                name
+            let source = if ingress.routes.contains_key(name) {
+                name.to_owned()
             } else {
                 "unknown".to_owned()
             };
@@ -188,22 +222,14 @@ async fn accept(
     ingress: &Ingress,
     name: &str,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, IngressError>,
 ) -> Result<Response, IngressError> {
     let started = Instant::now();
     let route = ingress
         .routes
         .get(name)
         .ok_or_else(|| IngressError::UnknownSource(name.to_owned()))?;
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            IngressError::TooLarge {
-                limit: ingress.max_body_bytes,
-            }
-        } else {
-            IngressError::BadBody(rejection.body_text())
-        }
-    })?;
+    let body = body?;
     let source = &route.source;
     source
         .verifier
@@ -216,13 +242,9 @@ async fn accept(
             }
         })?;
     // After the signature: an unsigned caller learns nothing from it.
-    // Syntax only: nothing is built.
-    if source.requires_json
-        && let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body)
-    {
-        return Err(IngressError::BadJson(e.to_string()));
-    }
-    let identity = source.identify(headers, &body);
+    let identity = source
+        .read(headers, &body)
+        .map_err(|e| IngressError::BadJson(e.to_string()))?;
     let message = NewMessage {
         source: source.name.to_string(),
         event_id: identity.event_id,
@@ -266,7 +288,26 @@ async fn accept(
             )
         }
     };
-    Ok((status, Json(body)).into_response())
+    Ok(json_response(status, &body))
+}
+
+/// `body` in JSON with `status`: what `(status, Json(body))` answers,
+/// without the trip through axum's response parts.
+fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => {
+            let mut response = Response::new(axum::body::Body::from(bytes));
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(e) => {
+            IngressError::Unavailable(format!("cannot write the answer: {e}")).into_response()
+        }
+    }
 }
 
 /// `GET /healthz`: 200 while the process can work, 503 once its queue is

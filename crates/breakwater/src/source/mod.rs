@@ -212,21 +212,67 @@ impl Source {
     /// field is missing; the sink decides what a malformed payload means.
     /// The body is read at most once, and only if a JSON pointer asks.
     pub fn identify(&self, headers: &HeaderMap, body: &[u8]) -> Identity {
-        let extractors = [self.event_id.as_ref(), self.entity_key.as_ref()];
-        let pointers: Vec<&Pointer> = extractors
-            .iter()
+        let pointers = self.pointers();
+        let found = if pointers.is_empty() {
+            Vec::new()
+        } else {
+            pointer::find(body, &pointers).unwrap_or_else(|| vec![None; pointers.len()])
+        };
+        self.identify_from(headers, body, found)
+    }
+
+    /// What the ingress does with a verified body: refuses it if the
+    /// source takes only JSON and it is not one JSON document (serde's
+    /// reason), else [`Self::identify`]s it. The body is read once when a
+    /// JSON pointer reads it anyway: only a body the pointers' walk refuses
+    /// is checked again, for serde's reason (or to let through one whose
+    /// pointed-at string is not UTF-8, which the syntax check allows).
+    pub fn read(&self, headers: &HeaderMap, body: &[u8]) -> Result<Identity, serde_json::Error> {
+        let check = || {
+            if self.requires_json {
+                serde_json::from_slice::<serde::de::IgnoredAny>(body).map(drop)
+            } else {
+                Ok(())
+            }
+        };
+        let pointers = self.pointers();
+        let found = if pointers.is_empty() {
+            check()?;
+            Vec::new()
+        } else {
+            match pointer::find(body, &pointers) {
+                Some(found) => found,
+                None => {
+                    check()?;
+                    vec![None; pointers.len()]
+                }
+            }
+        };
+        Ok(self.identify_from(headers, body, found))
+    }
+
+    /// The JSON pointers the event id and the entity key read, in that
+    /// order.
+    fn pointers(&self) -> Vec<&Pointer> {
+        [self.event_id.as_ref(), self.entity_key.as_ref()]
+            .into_iter()
             .flatten()
             .filter_map(|e| match e {
                 Extractor::Json(p) => Some(p),
                 Extractor::Header(_) | Extractor::FirstHeader(_) => None,
             })
-            .collect();
-        let mut from_body = if pointers.is_empty() {
-            Vec::new()
-        } else {
-            pointer::find(body, &pointers).unwrap_or_else(|| vec![None; pointers.len()])
-        }
-        .into_iter();
+            .collect()
+    }
+
+    /// The identity, given what [`Self::pointers`] found in the body.
+    fn identify_from(
+        &self,
+        headers: &HeaderMap,
+        body: &[u8],
+        found: Vec<Option<Value>>,
+    ) -> Identity {
+        let extractors = [self.event_id.as_ref(), self.entity_key.as_ref()];
+        let mut from_body = found.into_iter();
         let [event_id, entity_key] = extractors.map(|e| match e? {
             Extractor::Header(name) => headers
                 .get(name)
