@@ -457,6 +457,51 @@ mod tests {
         assert_eq!(id.entity_key, None);
     }
 
+    /// `read` answers as the separate JSON check followed by `identify`
+    /// would, with and without pointers, for JSON-only and any-body sources.
+    #[test]
+    fn read_is_the_json_check_then_identify() {
+        let json_only = |event_id: Option<&str>| {
+            Source::compile(&github(event_id, Some("json:/order/id")), |_| None).expect("ok")
+        };
+        let any_body = Source::compile(
+            &SourceConfig {
+                body: Some(BodyFormat::Any),
+                ..github(Some("json:/id"), None)
+            },
+            |_| None,
+        )
+        .expect("ok");
+        let headers = HeaderMap::new();
+        let bodies: [&[u8]; 6] = [
+            br#"{"id":"evt_1","order":{"id":1042}}"#,
+            br#"{"id":"evt_1"} trailing"#,
+            b"not json at all",
+            br#"{"id":"evt_1","order":{"id":10"#,
+            // A pointed-at string that is not UTF-8: the pointers' walk
+            // refuses it, the syntax check does not.
+            b"{\"id\":\"\xff\xfe\",\"order\":{\"id\":7}}",
+            b"",
+        ];
+        for source in [json_only(Some("json:/id")), json_only(None), any_body] {
+            for body in bodies {
+                let separate = if source.requires_json {
+                    serde_json::from_slice::<serde::de::IgnoredAny>(body)
+                        .map(|_| source.identify(&headers, body))
+                        .map_err(|e| e.to_string())
+                } else {
+                    Ok(source.identify(&headers, body))
+                };
+                let together = source.read(&headers, body).map_err(|e| e.to_string());
+                assert_eq!(together, separate, "{:?}", String::from_utf8_lossy(body));
+            }
+        }
+        // And the refusals are there to compare.
+        assert!(json_only(None).read(&headers, b"not json").is_err());
+        let odd = b"{\"id\":\"\xff\",\"order\":{\"id\":7}}";
+        assert!(json_only(Some("json:/id")).read(&headers, odd).is_ok());
+    }
+
     #[test]
     fn secrets_from_env_are_split() {
         let mut c = github(None, None);
