@@ -26,8 +26,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode, body::Incoming};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use breakwater_queue_embedded::writer::drain;
@@ -56,27 +54,11 @@ pub async fn start(path: &Path, secret: &str) -> anyhow::Result<SocketAddr> {
     std::thread::Builder::new()
         .name("queue-lean".into())
         .spawn(move || append_loop(&file, rx))?;
-    let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let (verifier, appends) = (verifier.clone(), appends.clone());
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let (verifier, appends) = (verifier.clone(), appends.clone());
-                    async move { Ok::<_, Infallible>(take(req, &verifier, &appends).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    Ok(addr)
+    super::serve_plain_hyper(service_fn(move |req| {
+        let (verifier, appends) = (verifier.clone(), appends.clone());
+        async move { Ok::<_, Infallible>(take(req, &verifier, &appends).await) }
+    }))
+    .await
 }
 
 /// One webhook: read, verify, append, answer once it is on disk.

@@ -195,10 +195,7 @@ impl Round {
     /// Breakwater's rate over the own-thread floor's, when it ran: what
     /// issue 23's target reads.
     pub fn of_floor(&self) -> Option<f64> {
-        self.floor
-            .as_ref()
-            .filter(|floor| floor.rate() > 0.0)
-            .map(|floor| self.breakwater.rate() / floor.rate())
+        self.breakwater_over(self.floor.as_ref())
     }
 
     /// The leader floor's rate over bare hyper's, when it ran.
@@ -214,8 +211,12 @@ impl Round {
     /// Breakwater's rate over the lean floor's, when it ran: issue 23's
     /// outside target (75%), read in the same run.
     pub fn of_lean_floor(&self) -> Option<f64> {
-        self.lean_floor
-            .as_ref()
+        self.breakwater_over(self.lean_floor.as_ref())
+    }
+
+    /// Breakwater's rate over `floor`'s, when it ran and took any.
+    fn breakwater_over(&self, floor: Option<&LoadReport>) -> Option<f64> {
+        floor
             .filter(|floor| floor.rate() > 0.0)
             .map(|floor| self.breakwater.rate() / floor.rate())
     }
@@ -861,6 +862,27 @@ pub(crate) async fn fill_queue(
 }
 
 pub(crate) async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
+    serve_plain_hyper(service_fn(|_req| async {
+        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
+            b"ok",
+        ))))
+    }))
+    .await
+}
+
+/// Serves `service` with plain hyper HTTP/1 (no limits, no timeouts) on an
+/// ephemeral loopback port, one clone per connection.
+pub(crate) async fn serve_plain_hyper<S>(service: S) -> anyhow::Result<SocketAddr>
+where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<Full<Bytes>>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -869,12 +891,8 @@ pub(crate) async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
                 continue;
             };
             let _ = stream.set_nodelay(true);
+            let service = service.clone();
             tokio::spawn(async move {
-                let service = service_fn(|_req| async {
-                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
-                        Bytes::from_static(b"ok"),
-                    )))
-                });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
