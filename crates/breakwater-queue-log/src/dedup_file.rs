@@ -68,10 +68,20 @@ impl DedupFile {
         let tmp = dir.join(format!("{FILE_NAME}.tmp"));
         let mut buf = header().to_vec();
         for chunk in tombstones.chunks(65_536) {
-            record::put_record(&mut buf, next_id, &Record::Tombstones(chunk.to_vec()));
+            record::put_record(
+                &mut buf,
+                next_id,
+                &Record::Tombstones(chunk.to_vec()),
+                record::NO_SALT,
+            );
         }
         if tombstones.is_empty() {
-            record::put_record(&mut buf, next_id, &Record::Tombstones(Vec::new()));
+            record::put_record(
+                &mut buf,
+                next_id,
+                &Record::Tombstones(Vec::new()),
+                record::NO_SALT,
+            );
         }
         {
             let f = File::create(&tmp)?;
@@ -94,7 +104,12 @@ impl DedupFile {
     pub(crate) fn append(&mut self, tombstones: Vec<(u64, i64)>, next_id: u64) -> io::Result<()> {
         let n = tombstones.len() as u64;
         let mut buf = Vec::with_capacity(tombstones.len() * 16 + record::HEADER);
-        record::put_record(&mut buf, next_id, &Record::Tombstones(tombstones));
+        record::put_record(
+            &mut buf,
+            next_id,
+            &Record::Tombstones(tombstones),
+            record::NO_SALT,
+        );
         self.file.write_all_at(&buf, self.end)?;
         self.file.sync_data()?;
         self.end += buf.len() as u64;

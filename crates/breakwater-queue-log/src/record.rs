@@ -5,7 +5,7 @@
 //! | field | bytes | meaning |
 //! |---|---|---|
 //! | length | 4, LE | bytes of `type`, `id` and `payload` (never 0: a 0 is the zeroed end of a segment) |
-//! | crc32c | 4, LE | CRC-32C (Castagnoli) of `type`, `payload` and `id`, in that order |
+//! | crc32c | 4, LE | CRC-32C (Castagnoli) of `type`, `payload` and `id`, in that order, XORed with the segment's [`salt`] |
 //! | type | 1 | [`Kind`] |
 //! | id | 8, LE | the message the record is about |
 //! | payload | length - 9 | the kind's fields, below |
@@ -24,6 +24,15 @@
 //! and dead-letter (the message has moved to the DLQ store) hold nothing.
 //! Claims are not logged: leases live in memory, and after a crash every
 //! lease has lapsed (delivery stays at-least-once).
+//!
+//! The salt ties a frame to the segment it was written in. Settled
+//! segments are recycled as the next segment (renamed, a new header
+//! written) instead of zero-filling a new file, so a recycled segment
+//! holds the frames of its earlier life after its new data: salted with
+//! another index, they fail the checksum and read as the end of the data
+//! ([`earlier_life`] tells them from a torn write). Segments of the first
+//! format (`BWQLOG01`), and the dedup file, use the salt 0: the checksum
+//! alone.
 //!
 //! The payload of an enqueue is encoded, and its checksum taken, on the
 //! caller's thread ([`EncodedMessage`]); the writer only adds the header
@@ -150,6 +159,64 @@ pub(crate) enum FrameError {
     Malformed,
 }
 
+/// The salt of segment `index`'s frames: the index's low 32 bits times an
+/// odd constant, so no two of 2^32 consecutive indexes share one, and
+/// [`NO_SALT`] is index 0's.
+pub(crate) fn salt(index: u64) -> u32 {
+    (index as u32).wrapping_mul(SALT_FACTOR)
+}
+
+/// The salt of the first segment format and of the dedup file.
+pub(crate) const NO_SALT: u32 = 0;
+
+/// Odd, so multiplying by it is a bijection of `u32`.
+const SALT_FACTOR: u32 = 0x9E37_79B1;
+/// `SALT_FACTOR`'s inverse modulo 2^32.
+const SALT_INVERSE: u32 = 0x0E8B_2F51;
+
+/// Of the segment indexes whose salt is `salt`, the one at most 2^32 - 1
+/// below `index`'s.
+fn salted_index(salt: u32, index: u64) -> u64 {
+    let low = salt.wrapping_mul(SALT_INVERSE);
+    let back = (index as u32).wrapping_sub(low);
+    index.wrapping_sub(u64::from(back))
+}
+
+/// Recycled segments a frame's earlier life may lie this far back, at
+/// most; a damaged frame whose checksum happens to match another salt
+/// within it reads as a clean end, 1 in 65,536 damaged frames.
+const EARLIER_LIVES: u64 = 1 << 16;
+
+/// Whether `buf` starts with a whole frame written in an earlier life of
+/// segment `index`'s file (salted with the index of a segment before it,
+/// or with [`NO_SALT`]): not data, and not a torn write either.
+pub(crate) fn earlier_life(buf: &[u8], index: u64) -> bool {
+    let Some((stored, computed)) = frame_checksums(buf) else {
+        return false;
+    };
+    let salt = stored ^ computed;
+    if salt == NO_SALT {
+        return true;
+    }
+    let earlier = salted_index(salt, index);
+    earlier < index && index - earlier <= EARLIER_LIVES
+}
+
+/// The stored and the computed checksum (unsalted) of the whole frame at
+/// the start of `buf`, if it is whole: its length there and its end byte.
+fn frame_checksums(buf: &[u8]) -> Option<(u32, u32)> {
+    let total = frame_len(buf).ok()?;
+    let frame = buf.get(..total)?;
+    let (&end, frame) = frame.split_last()?;
+    if end != END {
+        return None;
+    }
+    let stored = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let body = &frame[8..];
+    let before_id = crc32c::crc32c_append(crc32c::crc32c(&body[..1]), &body[TYPE_AND_ID..]);
+    Some((stored, checksum(before_id, &body[1..TYPE_AND_ID])))
+}
+
 /// An enqueue's payload, encoded with its checksum on the caller's thread.
 #[derive(Debug, Clone)]
 pub(crate) struct EncodedMessage {
@@ -171,13 +238,21 @@ impl EncodedMessage {
     }
 }
 
-/// Appends the frame of an enqueue of `id` to `out`.
-pub(crate) fn put_enqueue(out: &mut Vec<u8>, id: u64, message: &EncodedMessage) {
-    put_frame(out, Kind::Enqueue, id, &message.payload, Some(message.crc));
+/// Appends the frame of an enqueue of `id` to `out`, salted with `salt`.
+pub(crate) fn put_enqueue(out: &mut Vec<u8>, id: u64, message: &EncodedMessage, salt: u32) {
+    put_frame(
+        out,
+        Kind::Enqueue,
+        id,
+        &message.payload,
+        Some(message.crc),
+        salt,
+    );
 }
 
-/// Appends the frame of `record` about message `id` to `out`.
-pub(crate) fn put_record(out: &mut Vec<u8>, id: u64, record: &Record) {
+/// Appends the frame of `record` about message `id` to `out`, salted with
+/// `salt`.
+pub(crate) fn put_record(out: &mut Vec<u8>, id: u64, record: &Record, salt: u32) {
     let mut payload = Vec::new();
     match record {
         Record::Enqueue(m) => put_message(&mut payload, m),
@@ -198,7 +273,16 @@ pub(crate) fn put_record(out: &mut Vec<u8>, id: u64, record: &Record) {
             put_i64(&mut payload, *visible_at_ms);
         }
     }
-    put_frame(out, record.kind(), id, &payload, None);
+    put_frame(out, record.kind(), id, &payload, None, salt);
+}
+
+/// Salts a whole frame made with [`NO_SALT`] (for the segment it lands in
+/// once there is room for it).
+pub(crate) fn salt_frame(frame: &mut [u8], salt: u32) {
+    if let Some(crc) = frame.get_mut(4..8) {
+        let salted = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) ^ salt;
+        crc.copy_from_slice(&salted.to_le_bytes());
+    }
 }
 
 /// The checksum of a frame's type and payload, to be run on over its id.
@@ -211,12 +295,19 @@ fn checksum(before_id: u32, id: &[u8]) -> u32 {
     crc32c::crc32c_append(before_id, id)
 }
 
-fn put_frame(out: &mut Vec<u8>, kind: Kind, id: u64, payload: &[u8], before_id: Option<u32>) {
+fn put_frame(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    id: u64,
+    payload: &[u8],
+    before_id: Option<u32>,
+    salt: u32,
+) {
     let mut head = [0u8; TYPE_AND_ID];
     head[0] = kind as u8;
     head[1..].copy_from_slice(&id.to_le_bytes());
     let before_id = before_id.unwrap_or_else(|| checksum_before_id(kind, payload));
-    let crc = checksum(before_id, &head[1..]);
+    let crc = checksum(before_id, &head[1..]) ^ salt;
     let len = u32::try_from(TYPE_AND_ID + payload.len()).unwrap_or(u32::MAX);
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&crc.to_le_bytes());
@@ -242,21 +333,16 @@ pub(crate) fn frame_len(buf: &[u8]) -> Result<usize, FrameError> {
     Ok(8 + len + 1)
 }
 
-/// Decodes the frame at the start of `buf`: its id, its record and the
-/// bytes it spans.
-pub(crate) fn decode(buf: &[u8]) -> Result<(u64, Record, usize), FrameError> {
+/// Decodes the frame at the start of `buf`, salted with `salt`: its id,
+/// its record and the bytes it spans.
+pub(crate) fn decode(buf: &[u8], salt: u32) -> Result<(u64, Record, usize), FrameError> {
     let total = frame_len(buf)?;
-    let frame = buf.get(..total).ok_or(FrameError::Truncated)?;
-    let (&end, frame) = frame.split_last().ok_or(FrameError::Truncated)?;
-    if end != END {
+    buf.get(..total).ok_or(FrameError::Truncated)?;
+    let (stored, computed) = frame_checksums(buf).ok_or(FrameError::Checksum)?;
+    if stored != computed ^ salt {
         return Err(FrameError::Checksum);
     }
-    let crc = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]);
-    let body = &frame[8..];
-    let before_id = crc32c::crc32c_append(crc32c::crc32c(&body[..1]), &body[TYPE_AND_ID..]);
-    if checksum(before_id, &body[1..TYPE_AND_ID]) != crc {
-        return Err(FrameError::Checksum);
-    }
+    let body = &buf[8..total - 1];
     let kind = Kind::from_byte(body[0]).ok_or(FrameError::Malformed)?;
     let mut id = [0u8; 8];
     id.copy_from_slice(&body[1..TYPE_AND_ID]);
@@ -467,8 +553,8 @@ pub(crate) mod tests {
     fn every_kind_decodes_as_it_was_encoded() {
         for (i, record) in every_kind().into_iter().enumerate() {
             let mut buf = Vec::new();
-            put_record(&mut buf, i as u64 + 1000, &record);
-            let (id, back, used) = decode(&buf).expect("decodes");
+            put_record(&mut buf, i as u64 + 1000, &record, NO_SALT);
+            let (id, back, used) = decode(&buf, NO_SALT).expect("decodes");
             assert_eq!((id, &back, used), (i as u64 + 1000, &record, buf.len()));
         }
     }
@@ -478,20 +564,23 @@ pub(crate) mod tests {
         let m = message("e1");
         let encoded = EncodedMessage::new(&m);
         let mut fast = Vec::new();
-        put_enqueue(&mut fast, 42, &encoded);
+        put_enqueue(&mut fast, 42, &encoded, NO_SALT);
         let mut plain = Vec::new();
-        put_record(&mut plain, 42, &Record::Enqueue(m.clone()));
+        put_record(&mut plain, 42, &Record::Enqueue(m.clone()), NO_SALT);
         assert_eq!(fast, plain);
         assert_eq!(encoded.frame_len(), fast.len());
-        assert_eq!(decode(&fast).expect("decodes").1, Record::Enqueue(m));
+        assert_eq!(
+            decode(&fast, NO_SALT).expect("decodes").1,
+            Record::Enqueue(m)
+        );
     }
 
     #[test]
     fn every_cut_of_a_frame_is_refused_and_never_read_as_data() {
         let mut buf = Vec::new();
-        put_record(&mut buf, 1, &Record::Enqueue(message("e1")));
+        put_record(&mut buf, 1, &Record::Enqueue(message("e1")), NO_SALT);
         for cut in 0..buf.len() {
-            let got = decode(&buf[..cut]);
+            let got = decode(&buf[..cut], NO_SALT);
             assert!(
                 matches!(got, Err(FrameError::Truncated)),
                 "cut at {cut}: {got:?}"
@@ -499,7 +588,7 @@ pub(crate) mod tests {
             // The same cut followed by zeros, as in a preallocated segment.
             let mut zeroed = buf[..cut].to_vec();
             zeroed.resize(buf.len() + 64, 0);
-            let got = decode(&zeroed);
+            let got = decode(&zeroed, NO_SALT);
             assert!(got.is_err(), "cut at {cut} then zeros: {got:?}");
         }
     }
@@ -507,17 +596,57 @@ pub(crate) mod tests {
     #[test]
     fn every_flipped_bit_is_caught() {
         let mut buf = Vec::new();
-        put_record(&mut buf, 9, &Record::Enqueue(message("e1")));
+        put_record(&mut buf, 9, &Record::Enqueue(message("e1")), NO_SALT);
         for byte in 4..buf.len() {
             for bit in 0..8 {
                 let mut bad = buf.clone();
                 bad[byte] ^= 1 << bit;
                 assert_eq!(
-                    decode(&bad).map(|(id, r, _)| (id, r)),
+                    decode(&bad, NO_SALT).map(|(id, r, _)| (id, r)),
                     Err(FrameError::Checksum),
                     "byte {byte} bit {bit}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_frame_salted_for_one_segment_fails_in_another_and_reads_as_its_earlier_life() {
+        let mut buf = Vec::new();
+        put_record(&mut buf, 7, &Record::Enqueue(message("e1")), salt(41));
+        assert!(decode(&buf, salt(41)).is_ok());
+        for other in [0, 40, 42, 41 + (1 << 32)] {
+            if salt(other) != salt(41) {
+                assert_eq!(
+                    decode(&buf, salt(other)).map(|d| d.0),
+                    Err(FrameError::Checksum)
+                );
+            }
+        }
+        // Segment 41's file recycled as segment 50, or 41 + 65,536: an
+        // earlier life. Not as 41 itself, nor a segment before it.
+        assert!(earlier_life(&buf, 50));
+        assert!(earlier_life(&buf, 41 + EARLIER_LIVES));
+        assert!(!earlier_life(&buf, 41 + EARLIER_LIVES + 1));
+        assert!(!earlier_life(&buf, 41));
+        assert!(!earlier_life(&buf, 30));
+        // A first-format frame is an earlier life of any segment.
+        let mut legacy = Vec::new();
+        put_record(&mut legacy, 7, &Record::Ack, NO_SALT);
+        assert!(earlier_life(&legacy, 3));
+        // A torn frame is not.
+        let mut torn = buf.clone();
+        torn[30] ^= 1;
+        assert!(!earlier_life(&torn, 50));
+        assert!(!earlier_life(&buf[..buf.len() - 1], 50));
+    }
+
+    #[test]
+    fn the_salt_inverse_undoes_the_salt() {
+        assert_eq!(SALT_FACTOR.wrapping_mul(SALT_INVERSE), 1);
+        for index in [1u64, 2, 41, 1 << 31, (1 << 32) + 5, u64::MAX] {
+            assert_eq!(salted_index(salt(index), index), index);
+            assert_eq!(salted_index(salt(index - 1), index), index - 1);
         }
     }
 
@@ -529,6 +658,6 @@ pub(crate) mod tests {
 
     #[test]
     fn a_zero_length_is_the_end_of_the_written_data() {
-        assert_eq!(decode(&[0u8; 64]), Err(FrameError::End));
+        assert_eq!(decode(&[0u8; 64], NO_SALT), Err(FrameError::End));
     }
 }

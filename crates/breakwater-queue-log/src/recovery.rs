@@ -3,6 +3,7 @@
 //! [`crate::inspect`] does it read-only, without the lock, to see what a
 //! store holds.
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use breakwater_queue::QueueError;
@@ -25,6 +26,8 @@ pub(crate) struct Replayed {
     /// The newest segment, when a crash cut its creation short: it holds
     /// nothing and is not among `segments`.
     pub unfinished: Option<u64>,
+    /// Segments of the first format (frames not salted).
+    pub unsalted: HashSet<u64>,
 }
 
 /// Replays every segment in `dir` into `index`, showing each record to
@@ -69,6 +72,9 @@ pub(crate) fn replay_segments(
             );
         }
         replayed.corrupt_frames += scanned.corrupt.len();
+        if scanned.salt == crate::record::NO_SALT {
+            replayed.unsalted.insert(s);
+        }
         replayed.previous = replayed.last.replace((s, scanned));
     }
     if replayed.unfinished.is_some() {

@@ -1,11 +1,16 @@
 //! Segment files: naming, preallocation and reading back.
 //!
 //! A segment is `segment-<index>.log` in the store's directory: a 16-byte
-//! header (`BWQLOG01` and the index, little-endian) and then frames
-//! ([`crate::record`]) back to back. It is created at its full size, zeros
-//! written and synced, so an `fdatasync` after an append has no file size
-//! or new blocks to record, only the data; the zeros after the last frame
-//! read as its end ([`FrameError::End`]).
+//! header (`BWQLOG02` and the index, little-endian) and then frames
+//! ([`crate::record`]) back to back, salted with the index. A segment is
+//! written in place, never grown, so an `fdatasync` after an append has no
+//! file size or new blocks to record, only the data. It is either
+//! created at its full size, zeros written and synced ([`create`]; the
+//! zeros after the last frame read as its end, [`FrameError::End`]), or
+//! recycled from a settled segment ([`recycle`]: renamed, its header
+//! rewritten), which costs no writing at all; there the frames of its
+//! earlier life, salted with an older index, read as the end. Segments of
+//! the first format (`BWQLOG01`, unsalted) are read as they are.
 //!
 //! [`scan`] reads one back. A frame that is cut short or fails its
 //! checksum ends the segment's data, unless its length is intact and a
@@ -22,8 +27,12 @@ use std::path::{Path, PathBuf};
 
 use crate::record::{self, FrameError, Record};
 
-/// The first bytes of every segment.
-pub(crate) const MAGIC: &[u8; 8] = b"BWQLOG01";
+/// The first bytes of every segment written now: frames salted with the
+/// segment's index.
+pub(crate) const MAGIC: &[u8; 8] = b"BWQLOG02";
+
+/// The first bytes of a segment of the first format: frames unsalted.
+pub(crate) const MAGIC_UNSALTED: &[u8; 8] = b"BWQLOG01";
 
 /// Bytes of the header: the magic and the segment's index.
 pub(crate) const HEADER_BYTES: u64 = 16;
@@ -68,10 +77,7 @@ pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
         .write(true)
         .create_new(true)
         .open(&path)?;
-    let mut header = [0u8; HEADER_BYTES as usize];
-    header[..8].copy_from_slice(MAGIC);
-    header[8..].copy_from_slice(&index.to_le_bytes());
-    file.write_all_at(&header, 0)?;
+    file.write_all_at(&header(index), 0)?;
     let mut at = HEADER_BYTES;
     while at < size {
         let to = (at + ZEROS as u64).min(size);
@@ -81,6 +87,30 @@ pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
     }
     file.sync_all()?;
     File::open(dir)?.sync_all()?;
+    Ok(file)
+}
+
+/// The header of segment `index`.
+fn header(index: u64) -> [u8; HEADER_BYTES as usize] {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..].copy_from_slice(&index.to_le_bytes());
+    header
+}
+
+/// Makes settled segment `from` into segment `to` (a new index, after
+/// every other), without writing its body: renamed (the directory synced,
+/// so a power cut leaves either name, never both), then its header
+/// rewritten and synced. Cut short between the two, the file is the
+/// newest segment with an older index's header, read as
+/// [`ScanError::Unfinished`] and dropped at start; its earlier life's
+/// frames never read as data.
+pub(crate) fn recycle(dir: &Path, from: u64, to: u64) -> io::Result<File> {
+    std::fs::rename(path(dir, from), path(dir, to))?;
+    File::open(dir)?.sync_all()?;
+    let file = open(dir, to)?;
+    file.write_all_at(&header(to), 0)?;
+    file.sync_data()?;
     Ok(file)
 }
 
@@ -123,6 +153,9 @@ pub(crate) struct Scanned {
     pub torn_bytes: u64,
     /// Frames skipped for a bad checksum, with valid frames after them.
     pub corrupt: Vec<Corrupt>,
+    /// The salt its frames carry: [`record::salt`] of its index, or
+    /// [`record::NO_SALT`] in a segment of the first format.
+    pub salt: u32,
 }
 
 /// Why a segment could not be read at all.
@@ -137,8 +170,10 @@ pub(crate) enum ScanError {
     #[error("{path} is not a Breakwater log segment (its header is not {index}'s)")]
     NotASegment { path: PathBuf, index: u64 },
     /// Shorter than its header, or a header cut short with zeros after
-    /// it: a segment whose creation a crash interrupted. It was never
-    /// written to (a segment is appended to only once made and synced).
+    /// it: a segment whose creation a crash interrupted; or a whole header
+    /// naming an older index: a recycling cut short between the rename and
+    /// the new header. It was never written to (a segment is appended to
+    /// only once made and synced).
     #[error("{path} is a segment whose creation was cut short")]
     Unfinished { path: PathBuf },
 }
@@ -168,13 +203,22 @@ pub(crate) fn scan_file(
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut buf))
         .map_err(io)?;
-    let mut expected = [0u8; HEADER_BYTES as usize];
-    expected[..8].copy_from_slice(MAGIC);
-    expected[8..].copy_from_slice(&index.to_le_bytes());
-    if buf.get(..HEADER_BYTES as usize) != Some(&expected[..]) {
-        let head = &buf[..buf.len().min(HEADER_BYTES as usize)];
+    let expected = header(index);
+    let mut unsalted = expected;
+    unsalted[..8].copy_from_slice(MAGIC_UNSALTED);
+    let head = &buf[..buf.len().min(HEADER_BYTES as usize)];
+    let salt = if head == expected {
+        record::salt(index)
+    } else if head == unsalted {
+        record::NO_SALT
+    } else {
         let written = head.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
-        if head[..written] == expected[..written] && buf[written..].iter().all(|&b| b == 0) {
+        let cut_short =
+            head[..written] == expected[..written] && buf[written..].iter().all(|&b| b == 0);
+        let recycling_cut_short = head.len() == HEADER_BYTES as usize
+            && (head[..8] == MAGIC[..] || head[..8] == MAGIC_UNSALTED[..])
+            && u64::from_le_bytes(head[8..].try_into().unwrap_or_default()) < index;
+        if cut_short || recycling_cut_short {
             return Err(ScanError::Unfinished {
                 path: path.to_owned(),
             });
@@ -183,16 +227,22 @@ pub(crate) fn scan_file(
             path: path.to_owned(),
             index,
         });
-    }
-    Ok(scan_frames(&buf, &mut visit))
+    };
+    Ok(scan_frames(&buf, index, salt, &mut visit))
 }
 
-/// Reads the frames of a whole segment held in `buf` (header included).
-fn scan_frames(buf: &[u8], mut visit: impl FnMut(u64, u64, Record, usize)) -> Scanned {
+/// Reads the frames of a whole segment held in `buf` (header included),
+/// segment `index` whose frames carry `salt`.
+fn scan_frames(
+    buf: &[u8],
+    index: u64,
+    salt: u32,
+    mut visit: impl FnMut(u64, u64, Record, usize),
+) -> Scanned {
     let mut at = HEADER_BYTES as usize;
     let mut corrupt = Vec::new();
     while at < buf.len() {
-        match record::decode(&buf[at..]) {
+        match record::decode(&buf[at..], salt) {
             Ok((id, record, n)) => {
                 visit(at as u64, id, record, n);
                 at += n;
@@ -206,7 +256,7 @@ fn scan_frames(buf: &[u8], mut visit: impl FnMut(u64, u64, Record, usize)) -> Sc
                     .map(|n| at + n)
                     .filter(|&next| {
                         buf.get(next..)
-                            .is_some_and(|rest| record::decode(rest).is_ok())
+                            .is_some_and(|rest| record::decode(rest, salt).is_ok())
                     });
                 match next {
                     Some(next) => {
@@ -222,15 +272,23 @@ fn scan_frames(buf: &[u8], mut visit: impl FnMut(u64, u64, Record, usize)) -> Sc
         }
     }
     let end = at.min(buf.len());
-    let torn_bytes = buf[end..]
-        .iter()
-        .rposition(|&b| b != 0)
-        .map_or(0, |p| p + 1);
+    // A recycled segment's data ends at a whole frame of its earlier
+    // life: a clean end. (In a first-format segment nothing is recycled.)
+    let clean_end = salt != record::NO_SALT && record::earlier_life(&buf[end..], index);
+    let torn_bytes = if clean_end {
+        0
+    } else {
+        buf[end..]
+            .iter()
+            .rposition(|&b| b != 0)
+            .map_or(0, |p| p + 1)
+    };
     Scanned {
         end: end as u64,
         size: buf.len() as u64,
         torn_bytes: torn_bytes as u64,
         corrupt,
+        salt,
     }
 }
 
@@ -247,14 +305,15 @@ mod tests {
         let mut starts = Vec::new();
         for id in 1..=n {
             starts.push(buf.len());
-            record::put_record(&mut buf, id, &Record::Enqueue(message(&format!("e{id}"))));
+            let m = Record::Enqueue(message(&format!("e{id}")));
+            record::put_record(&mut buf, id, &m, record::salt(7));
         }
         (buf, starts)
     }
 
     fn ids(buf: &[u8]) -> (Vec<u64>, Scanned) {
         let mut ids = Vec::new();
-        let scanned = scan_frames(buf, |_, id, _, _| ids.push(id));
+        let scanned = scan_frames(buf, 7, record::salt(7), |_, id, _, _| ids.push(id));
         (ids, scanned)
     }
 
@@ -327,7 +386,7 @@ mod tests {
             );
         }
         for foreign in [
-            b"BWQLOG02".to_vec(),
+            b"BWQLOG03".to_vec(),
             [&header[..], b"x"].concat()[1..].to_vec(),
         ] {
             std::fs::write(path(dir.path(), 5), &foreign).expect("write");
@@ -343,7 +402,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = create(dir.path(), 3, 64 << 10).expect("create");
         let mut frame = Vec::new();
-        record::put_record(&mut frame, 11, &Record::Ack);
+        record::put_record(&mut frame, 11, &Record::Ack, record::salt(3));
         file.write_all_at(&frame, HEADER_BYTES).expect("write");
         create(dir.path(), 12, 4096).expect("create");
         assert_eq!(list(dir.path()).expect("list"), vec![3, 12]);
@@ -352,14 +411,78 @@ mod tests {
         assert_eq!(seen, vec![(HEADER_BYTES, 11, Record::Ack)]);
         assert_eq!(scanned.end, HEADER_BYTES + frame.len() as u64);
         assert_eq!(scanned.size, 64 << 10);
+        // Renamed without its header: to a later index, a recycling cut
+        // short; to an earlier one, nothing of ours.
+        std::fs::rename(path(dir.path(), 12), path(dir.path(), 13)).expect("rename");
         assert!(matches!(
-            std::fs::rename(path(dir.path(), 12), path(dir.path(), 13))
-                .map_err(|e| ScanError::Io {
-                    path: PathBuf::new(),
-                    source: e
-                })
-                .and_then(|()| scan(dir.path(), 13, |_, _, _, _| {})),
-            Err(ScanError::NotASegment { index: 13, .. })
+            scan(dir.path(), 13, |_, _, _, _| {}),
+            Err(ScanError::Unfinished { .. })
         ));
+        std::fs::rename(path(dir.path(), 13), path(dir.path(), 11)).expect("rename");
+        assert!(matches!(
+            scan(dir.path(), 11, |_, _, _, _| {}),
+            Err(ScanError::NotASegment { index: 11, .. })
+        ));
+    }
+
+    #[test]
+    fn a_recycled_segment_reads_its_new_frames_and_ends_cleanly_at_its_earlier_life() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = create(dir.path(), 4, 64 << 10).expect("create");
+        let mut frames = Vec::new();
+        for id in 1..=50 {
+            let m = Record::Enqueue(message(&format!("old{id}")));
+            record::put_record(&mut frames, id, &m, record::salt(4));
+        }
+        old.write_all_at(&frames, HEADER_BYTES).expect("write");
+        drop(old);
+
+        let new = recycle(dir.path(), 4, 9).expect("recycle");
+        assert_eq!(list(dir.path()).expect("list"), vec![9]);
+        // Empty: the earlier life's first frame is where its data ends.
+        let scanned = scan(dir.path(), 9, |_, id, _, _| panic!("read {id}")).expect("scan");
+        assert_eq!((scanned.end, scanned.torn_bytes), (HEADER_BYTES, 0));
+        assert_eq!(scanned.salt, record::salt(9));
+
+        // Two new frames, shorter than the old ones they overwrite.
+        let mut fresh = Vec::new();
+        record::put_record(&mut fresh, 100, &Record::Ack, record::salt(9));
+        record::put_record(&mut fresh, 101, &Record::Ack, record::salt(9));
+        new.write_all_at(&fresh, HEADER_BYTES).expect("write");
+        let mut seen = Vec::new();
+        let scanned = scan(dir.path(), 9, |_, id, _, _| seen.push(id)).expect("scan");
+        assert_eq!(seen, vec![100, 101]);
+        assert_eq!(scanned.end, HEADER_BYTES + fresh.len() as u64);
+        // What follows is the remains of an old frame, then whole old
+        // frames: the remains are not a whole frame of any life, so they
+        // read as a torn tail (zeroed at start, as after a crash).
+        assert!(scanned.torn_bytes > 0);
+        assert!(scanned.corrupt.is_empty());
+
+        // A new frame exactly as long as the first old one: the old
+        // second frame follows it whole, a clean end.
+        let mut same_length = Vec::new();
+        let m = Record::Enqueue(message("new1"));
+        record::put_record(&mut same_length, 300, &m, record::salt(9));
+        new.write_all_at(&same_length, HEADER_BYTES).expect("write");
+        let mut seen = Vec::new();
+        let scanned = scan(dir.path(), 9, |_, id, _, _| seen.push(id)).expect("scan");
+        assert_eq!(seen, vec![300]);
+        assert_eq!(scanned.end, HEADER_BYTES + same_length.len() as u64);
+        assert_eq!(scanned.torn_bytes, 0);
+    }
+
+    #[test]
+    fn a_first_format_segment_reads_unsalted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut buf = MAGIC_UNSALTED.to_vec();
+        buf.extend_from_slice(&5u64.to_le_bytes());
+        record::put_record(&mut buf, 3, &Record::Ack, record::NO_SALT);
+        buf.resize(4096, 0);
+        std::fs::write(path(dir.path(), 5), &buf).expect("write");
+        let mut seen = Vec::new();
+        let scanned = scan(dir.path(), 5, |_, id, r, _| seen.push((id, r))).expect("scan");
+        assert_eq!(seen, vec![(3, Record::Ack)]);
+        assert_eq!((scanned.salt, scanned.torn_bytes), (record::NO_SALT, 0));
     }
 }

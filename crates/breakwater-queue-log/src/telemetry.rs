@@ -3,5 +3,10 @@
 
 pub use breakwater_queue_embedded::telemetry::{QUEUE_COMMIT_BATCH, QUEUE_COMMIT_SECONDS};
 
-/// Segments deleted once nothing in them was live.
+/// Segments reclaimed once nothing in them was live (deleted, or
+/// recycled as the next segment).
 pub const QUEUE_SEGMENTS_RECLAIMED: &str = "breakwater_queue_segments_reclaimed_total";
+
+/// Reclaimed segments recycled as the next segment instead of deleted: a
+/// segment that did not have to be zero-filled.
+pub const QUEUE_SEGMENTS_RECYCLED: &str = "breakwater_queue_segments_recycled_total";

@@ -20,7 +20,7 @@
 //! own while the current one fills, so a roll costs the writer no more
 //! than a rename would.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -180,6 +180,8 @@ pub(crate) struct Writer {
     size: u64,
     /// Every segment's file, for reading records back.
     files: HashMap<u64, File>,
+    /// Segments of the first format, whose frames are not salted.
+    unsalted: HashSet<u64>,
     group: Group,
     spare: Option<(u64, Spare)>,
     dlq: Connection,
@@ -288,6 +290,7 @@ impl Writer {
             current,
             size,
             files,
+            unsalted: replayed.unsalted,
             group: Group {
                 start: end,
                 ..Group::default()
@@ -564,7 +567,8 @@ impl Writer {
         }
         let id = self.index.take_id();
         let loc = self.location(len);
-        record::put_enqueue(&mut self.group.buf, id, &incoming.encoded);
+        let salt = self.salt_of(self.current);
+        record::put_enqueue(&mut self.group.buf, id, &incoming.encoded, salt);
         let state = CarriedState {
             attempts: 0,
             replays: 0,
@@ -619,11 +623,7 @@ impl Writer {
         let hash = message.dedup_hash();
         let id = self.index.take_id();
         let record = Record::Carry(message, state);
-        let mut frame = Vec::new();
-        record::put_record(&mut frame, id, &record);
-        self.make_room(frame.len())?;
-        let loc = self.location(frame.len());
-        self.group.buf.extend_from_slice(&frame);
+        let loc = self.push(id, &record)?;
         if let Record::Carry(m, state) = &record {
             let key = m.entity_key.as_deref();
             self.index
@@ -697,10 +697,27 @@ impl Writer {
     /// Without room for it, it is dropped: the message is delivered
     /// again, which at-least-once allows.
     fn append(&mut self, id: u64, record: &Record) {
+        let _ = self.push(id, record);
+    }
+
+    /// Appends `record` about `id` to the group, salted for the segment
+    /// it lands in (the next, if the current has no room): where it is.
+    fn push(&mut self, id: u64, record: &Record) -> Result<Location, QueueError> {
         let mut frame = Vec::with_capacity(record::HEADER + 8);
-        record::put_record(&mut frame, id, record);
-        if self.make_room(frame.len()).is_ok() {
-            self.group.buf.extend_from_slice(&frame);
+        record::put_record(&mut frame, id, record, record::NO_SALT);
+        self.make_room(frame.len())?;
+        record::salt_frame(&mut frame, self.salt_of(self.current));
+        let loc = self.location(frame.len());
+        self.group.buf.extend_from_slice(&frame);
+        Ok(loc)
+    }
+
+    /// The salt of `segment`'s frames.
+    fn salt_of(&self, segment: u64) -> u32 {
+        if self.unsalted.contains(&segment) {
+            record::NO_SALT
+        } else {
+            record::salt(segment)
         }
     }
 
@@ -725,12 +742,14 @@ impl Writer {
                 .map_err(storage)?;
             frame
         };
-        record::decode(&frame).map(|(_, r, _)| r).map_err(|e| {
-            storage(format!(
-                "segment {} offset {}: {e}",
-                loc.segment, loc.offset
-            ))
-        })
+        record::decode(&frame, self.salt_of(loc.segment))
+            .map(|(_, r, _)| r)
+            .map_err(|e| {
+                storage(format!(
+                    "segment {} offset {}: {e}",
+                    loc.segment, loc.offset
+                ))
+            })
     }
 
     /// Makes room for a frame of `len` bytes in the current segment:
@@ -825,13 +844,9 @@ impl Writer {
             else {
                 continue;
             };
-            let mut frame = Vec::new();
-            record::put_record(&mut frame, id, &Record::Carry(m, state));
-            if self.make_room(frame.len()).is_err() {
+            let Ok(loc) = self.push(id, &Record::Carry(m, state)) else {
                 return;
-            }
-            let loc = self.location(frame.len());
-            self.group.buf.extend_from_slice(&frame);
+            };
             if let Some(before) = self.index.moved(id, loc) {
                 self.group.moved.push((id, before));
             }
@@ -897,7 +912,39 @@ impl Writer {
         self.group = group;
     }
 
-    /// Deletes the oldest segments while nothing in them is live.
+    /// Makes the settled segment `oldest` the next segment when none is
+    /// ready or being made and it has the configured size: renamed, its
+    /// header rewritten, no zeros written (its old frames read as the end
+    /// of its data: [`segment::recycle`]). Else deletes it.
+    fn recycle_or_delete(&mut self, oldest: u64, file: Option<File>) {
+        let dir = self.settings.dir.clone();
+        let full_size = file
+            .and_then(|f| f.metadata().ok())
+            .is_some_and(|m| m.len() == self.settings.segment_bytes);
+        self.unsalted.remove(&oldest);
+        if self.spare.is_none() && full_size {
+            let next = self.current + 1;
+            match segment::recycle(&dir, oldest, next) {
+                Ok(f) => {
+                    self.spare = Some((next, Spare::Ready(f)));
+                    metrics::counter!(telemetry::QUEUE_SEGMENTS_RECYCLED).increment(1);
+                    return;
+                }
+                // Renamed or not, the roll makes the next segment anew.
+                Err(e) => {
+                    tracing::warn!(error = %e, segment = oldest, "cannot recycle a reclaimed segment; deleting it");
+                }
+            }
+        }
+        match std::fs::remove_file(segment::path(&dir, oldest)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(error = %e, segment = oldest, "cannot delete a reclaimed segment");
+            }
+            _ => {}
+        }
+    }
+
+    /// Reclaims the oldest segments while nothing in them is live.
     fn reclaim(&mut self) {
         while let Some(oldest) = self.index.oldest_if_empty() {
             if oldest == self.current {
@@ -913,10 +960,8 @@ impl Writer {
                 self.index.restore_tombstones(oldest, tombstones);
                 return;
             }
-            self.files.remove(&oldest);
-            if let Err(e) = std::fs::remove_file(segment::path(&self.settings.dir, oldest)) {
-                tracing::warn!(error = %e, segment = oldest, "cannot delete a reclaimed segment");
-            }
+            let file = self.files.remove(&oldest);
+            self.recycle_or_delete(oldest, file);
             metrics::counter!(telemetry::QUEUE_SEGMENTS_RECLAIMED).increment(1);
         }
         let settled = self.index.settled_len() as u64;

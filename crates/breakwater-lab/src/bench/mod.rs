@@ -861,7 +861,9 @@ pub(crate) async fn fill_queue(
     Ok(())
 }
 
-pub(crate) async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
+/// Starts a hyper server that answers `200 ok` to anything, on an ephemeral
+/// loopback port: what the bench calls bare hyper.
+pub async fn start_bare_hyper() -> anyhow::Result<SocketAddr> {
     serve_plain_hyper(service_fn(|_req| async {
         Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(
             b"ok",
