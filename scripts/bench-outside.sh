@@ -16,6 +16,7 @@
 #
 #   scripts/bench-outside.sh                  # 3 rounds of 8 s phases
 #   ROUNDS=5 SECS=10 CONNS=32 scripts/bench-outside.sh
+#   BIN=/tmp/breakwater-before scripts/bench-outside.sh   # another build
 #
 # Needs wrk (Debian package `wrk`; installed here if missing) and python3.
 set -euo pipefail
@@ -30,8 +31,9 @@ WORK="$(mktemp -d /tmp/bw-outside.XXXXXX)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
 command -v wrk >/dev/null || apt-get install -y wrk >/dev/null
-cargo build --release -q -p breakwater-cli -p breakwater-lab --example floor_server
-BIN=target/release/breakwater
+cargo build --release -q -p breakwater-cli
+cargo build --release -q -p breakwater-lab --example floor_server
+BIN="${BIN:-target/release/breakwater}"
 FLOOR=target/release/examples/floor_server
 
 cat >"$WORK/breakwater.toml" <<TOML

@@ -54,6 +54,9 @@ pub use self::config::LogConfig;
 use self::disk::GroupDisk;
 pub use self::migrate::Migrated;
 use self::record::{EncodedMessage, StoredMessage};
+/// Zero-fills a file's range a page at a time: see [`segment::ZERO_WRITE`]
+/// for why not in larger writes.
+pub use self::segment::zero as zero_fill;
 use self::writer::{Incoming, Op, Reply, Settings, Writer};
 
 /// The name `[queue] backend` selects this backend by.

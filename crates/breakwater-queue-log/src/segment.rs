@@ -37,7 +37,7 @@ pub(crate) const MAGIC_UNSALTED: &[u8; 8] = b"BWQLOG01";
 /// Bytes of the header: the magic and the segment's index.
 pub(crate) const HEADER_BYTES: u64 = 16;
 
-/// Zeros written at a time when preallocating.
+/// Zeros written and synced at a time when preallocating.
 const ZEROS: usize = 1 << 20;
 
 /// The file of segment `index` in `dir`.
@@ -114,14 +114,25 @@ pub(crate) fn recycle(dir: &Path, from: u64, to: u64) -> io::Result<File> {
     Ok(file)
 }
 
-/// Writes zeros over `[from, to)`.
-pub(crate) fn zero(file: &File, from: u64, to: u64) -> io::Result<()> {
-    let zeros = vec![0u8; ZEROS];
+/// Bytes of each write of zeros: one page.
+///
+/// The page cache sizes a file's folios by the writes that fill it
+/// (large folios, ext4 on Linux 6.18 here), and `fdatasync` writes back
+/// each dirty folio whole. Zeros written a megabyte at a time made every
+/// group commit afterwards, a few hundred bytes to a few dozen KiB, write
+/// back a whole 1 MiB folio: 1,048,576 bytes per `fdatasync` against 4,530
+/// for zeros written a page at a time (`/proc/self/io`, 438-byte appends).
+pub(crate) const ZERO_WRITE: usize = 4096;
+
+/// Writes zeros over `[from, to)`, a page at a time ([`ZERO_WRITE`]).
+pub fn zero(file: &File, from: u64, to: u64) -> io::Result<()> {
+    let zeros = [0u8; ZERO_WRITE];
     let mut at = from;
     while at < to {
-        let n = usize::try_from((to - at).min(ZEROS as u64)).unwrap_or(ZEROS);
-        file.write_all_at(&zeros[..n], at)?;
-        at += n as u64;
+        // The first piece ends on a page boundary.
+        let n = (ZERO_WRITE as u64 - at % ZERO_WRITE as u64).min(to - at);
+        file.write_all_at(&zeros[..n as usize], at)?;
+        at += n;
     }
     Ok(())
 }

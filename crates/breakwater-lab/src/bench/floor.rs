@@ -33,7 +33,6 @@
 //! It is a measuring instrument, not a backend: it overwrites what it took,
 //! cannot hand it out, and every other operation fails.
 
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -228,16 +227,17 @@ impl Drop for WriteOnDrop<'_> {
     }
 }
 
-/// Creates the file at `path` with `len` zero bytes on disk.
+/// Creates the file at `path` with `len` zero bytes on disk, written as
+/// the log writes its segments' zeros (a page at a time, so a group's
+/// `fdatasync` writes back only the pages it dirtied).
 pub(crate) fn preallocate(path: &Path, len: u64) -> std::io::Result<std::fs::File> {
-    let mut file = std::fs::File::create(path)?;
-    let zeros = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(zeros.len() as u64) as usize;
-        file.write_all(&zeros[..n])?;
-        left -= n as u64;
-    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    breakwater_queue_log::zero_fill(&file, 0, len)?;
     file.sync_all()?;
     Ok(file)
 }
