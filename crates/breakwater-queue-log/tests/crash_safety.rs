@@ -17,7 +17,9 @@ use breakwater_queue_log::disk::{FileSystem, GroupDisk};
 use breakwater_queue_log::{LogConfig, LogQueue};
 use bytes::Bytes;
 
-const LEASE: Duration = Duration::from_secs(60);
+mod common;
+
+use common::{LEASE, open, queued};
 
 fn config(dir: &Path) -> LogConfig {
     LogConfig {
@@ -37,21 +39,6 @@ fn message(event: &str, body: usize) -> NewMessage {
     }
 }
 
-/// Opens the store, waiting out the previous owner's writer thread, which
-/// holds the lock until it has ended.
-async fn open(config: &LogConfig) -> LogQueue {
-    for _ in 0..200 {
-        match LogQueue::open(config) {
-            Ok(q) => return q,
-            Err(QueueError::Storage(e)) if e.contains("another process") => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
-    panic!("the store's lock was never released");
-}
-
 /// Waits until no writer holds the store in `dir`: a dropped queue's
 /// writer thread lets go of the lock last, once its files are closed.
 async fn wait_released(dir: &Path) {
@@ -63,16 +50,6 @@ async fn wait_released(dir: &Path) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the store's lock was never released");
-}
-
-/// Event ids of every queued message, claimed (and so left to lapse).
-async fn queued(q: &LogQueue) -> BTreeSet<String> {
-    q.claim(10_000, LEASE)
-        .await
-        .expect("claim")
-        .into_iter()
-        .map(|d| d.message.event_id)
-        .collect()
 }
 
 fn segment_file(dir: &Path) -> PathBuf {

@@ -7,13 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::time::Duration;
 
-use breakwater_queue::{NewMessage, Queue, QueueError};
+use breakwater_queue::{NewMessage, Queue};
 use breakwater_queue_log::{LogConfig, LogQueue};
 use bytes::Bytes;
 
-const LEASE: Duration = Duration::from_secs(60);
+mod common;
+
+use common::{LEASE, open, queued};
 
 fn config(dir: &Path) -> LogConfig {
     LogConfig {
@@ -33,19 +34,6 @@ fn message(event: &str) -> NewMessage {
     }
 }
 
-async fn open(config: &LogConfig) -> LogQueue {
-    for _ in 0..500 {
-        match LogQueue::open(config) {
-            Ok(q) => return q,
-            Err(QueueError::Storage(e)) if e.contains("another process") => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
-    panic!("the store's lock was never released");
-}
-
 /// The segment files in `dir`, by name: the file's inode and when it was
 /// created (an inode number alone may be reused by a new file).
 fn segments(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
@@ -61,16 +49,6 @@ fn segments(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
                 (meta.ino(), born),
             )
         })
-        .collect()
-}
-
-/// Event ids of every queued message, claimed (and so left to lapse).
-async fn queued(q: &LogQueue) -> BTreeSet<String> {
-    q.claim(100_000, LEASE)
-        .await
-        .expect("claim")
-        .into_iter()
-        .map(|d| d.message.event_id)
         .collect()
 }
 
