@@ -8,6 +8,8 @@
 #   lean        the lean floor: the Stripe signature checked, the body
 #               appended and fdatasync'ed once per group before the answer,
 #               nothing else (examples/floor_server.rs)
+#   append      (only with APPEND=1) the lean floor appending
+#               to a file that grows instead of a ring
 #   breakwater  `breakwater serve --role ingress` on the default segment
 #               log (ROLE=all also runs the workers, applying to SQLite)
 #
@@ -17,6 +19,7 @@
 #   scripts/bench-outside.sh                  # 3 rounds of 8 s phases
 #   ROUNDS=5 SECS=10 CONNS=32 scripts/bench-outside.sh
 #   BIN=/tmp/breakwater-before scripts/bench-outside.sh   # another build
+#   APPEND=1 scripts/bench-outside.sh         # also the appending floor
 #
 # Needs wrk (Debian package `wrk`; installed here if missing) and python3.
 set -euo pipefail
@@ -69,7 +72,7 @@ phase() {
   local name="$1" port pid out
   rm -rf "$WORK/queue" "$WORK/sink.db"* "$WORK/lean.log"
   case "$name" in
-    bare | lean)
+    bare | lean | append)
       "$FLOOR" "$name" "$WORK/lean.log" >"$WORK/floor.out" &
       pid=$!
       for _ in $(seq 100); do grep -q listening "$WORK/floor.out" && break; sleep 0.1; done
@@ -98,22 +101,32 @@ phase() {
   echo "$ok"
 }
 
-declare -a ratios lean_bare
+declare -a ratios lean_bare appends
 order=(bare lean breakwater)
+[ "${APPEND:-0}" = 1 ] && order+=(append)
+n=${#order[@]}
 for round in $(seq "$ROUNDS"); do
   # Fresh ids and a fresh timestamp every round (Stripe's 300 s window).
   python3 scripts/bench-outside/signed_requests.py "$WORK/req" $((SECS * 120000)) 2
   echo "round $round" >&2
   declare -A got=()
-  for k in 0 1 2; do
-    name="${order[$(((k + round - 1) % 3))]}"
+  for k in $(seq 0 $((n - 1))); do
+    name="${order[$(((k + round - 1) % n))]}"
     got[$name]="$(phase "$name")"
   done
-  ratios+=("$(awk -v a="${got[breakwater]}" -v b="${got[lean]}" 'BEGIN {printf "%.1f", 100 * a / b}')")
-  lean_bare+=("$(awk -v a="${got[lean]}" -v b="${got[bare]}" 'BEGIN {printf "%.1f", 100 * a / b}')")
+  percent() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.1f", 100 * a / b}'; }
+  ratios+=("$(percent "${got[breakwater]}" "${got[lean]}")")
+  lean_bare+=("$(percent "${got[lean]}" "${got[bare]}")")
   echo "  breakwater / lean ${ratios[-1]}%, lean / bare ${lean_bare[-1]}%" >&2
+  if [ -n "${got[append]:-}" ]; then
+    appends+=("$(percent "${got[breakwater]}" "${got[append]}")")
+    echo "  breakwater / append ${appends[-1]}%" >&2
+  fi
   unset got
 done
 median() { tr ' ' '\n' <<<"$*" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 echo "ratio breakwater / lean floor (median of rounds): $(median "${ratios[@]}")% (${ratios[*]})"
 echo "ratio lean floor / bare hyper (median of rounds): $(median "${lean_bare[@]}")% (${lean_bare[*]})"
+if [ "${#appends[@]}" -gt 0 ]; then
+  echo "ratio breakwater / appending floor (median of rounds): $(median "${appends[@]}")% (${appends[*]})"
+fi

@@ -5,7 +5,8 @@
 //! - `bare`: hyper answering `200 ok` to anything;
 //! - `lean`: the lean floor (`breakwater_lab::bench::lean`): the Stripe
 //!   signature checked, the body appended to a preallocated ring file and
-//!   `fdatasync`ed once per group before the answer.
+//!   `fdatasync`ed once per group before the answer;
+//! - `append`: the same, appending to a file that grows instead of a ring.
 //!
 //! ```sh
 //! cargo run --release -p breakwater-lab --example floor_server -- lean /tmp/lean.log
@@ -18,7 +19,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use breakwater_lab::bench::{BENCH_SECRET, lean, start_bare_hyper};
+use breakwater_lab::bench::lean::{self, LeanFile};
+use breakwater_lab::bench::{BENCH_SECRET, start_bare_hyper};
 
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
@@ -30,14 +32,19 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         let addr = match kind.as_str() {
             "bare" => start_bare_hyper().await?,
-            "lean" => {
-                let ring: PathBuf = args
+            "lean" | "append" => {
+                let file: PathBuf = args
                     .next()
-                    .context("usage: floor_server lean RING_FILE")?
+                    .context("usage: floor_server lean|append FILE")?
                     .into();
-                lean::start(&ring, BENCH_SECRET).await?
+                let how = if kind == "lean" {
+                    LeanFile::Ring
+                } else {
+                    LeanFile::Append
+                };
+                lean::start_on(&file, BENCH_SECRET, how).await?
             }
-            other => bail!("usage: floor_server bare | lean RING_FILE (got {other:?})"),
+            other => bail!("usage: floor_server bare | lean FILE | append FILE (got {other:?})"),
         };
         println!("listening on {addr}");
         std::future::pending::<()>().await;

@@ -43,17 +43,43 @@ struct Append {
     done: oneshot::Sender<Result<(), String>>,
 }
 
+/// Where the lean floor's writer puts each group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeanFile {
+    /// A preallocated ring, zero-filled once and rewritten: no file size
+    /// or new blocks for any `fdatasync` to record (what `bench ingress`
+    /// runs).
+    Ring,
+    /// Appended to a file that grows, as a queue that keeps every webhook
+    /// must grow without zero-filling ahead: each `fdatasync` also records
+    /// the new size and blocks (`examples/floor_server.rs append`).
+    Append,
+}
+
 /// Starts the lean floor on an ephemeral loopback port, its ring file at
 /// `path`, checking Stripe signatures made with `secret`. Its writer
 /// thread (named `queue-lean`, so the bench counts its CPU with the
 /// queue's) ends when the server's tasks are gone.
 pub async fn start(path: &Path, secret: &str) -> anyhow::Result<SocketAddr> {
-    let file = preallocate(path, RING_BYTES)?;
+    start_on(path, secret, LeanFile::Ring).await
+}
+
+/// [`start`], writing as `how` says.
+pub async fn start_on(path: &Path, secret: &str, how: LeanFile) -> anyhow::Result<SocketAddr> {
+    let file = match how {
+        LeanFile::Ring => preallocate(path, RING_BYTES)?,
+        LeanFile::Append => std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?,
+    };
     let verifier = Verifier::new(Scheme::stripe(), &[secret.to_owned()])?;
     let (appends, rx) = mpsc::channel::<Append>(MAX_GROUP * 4);
     std::thread::Builder::new()
         .name("queue-lean".into())
-        .spawn(move || append_loop(&file, rx))?;
+        .spawn(move || append_loop(&file, rx, how))?;
     super::serve_plain_hyper(service_fn(move |req| {
         let (verifier, appends) = (verifier.clone(), appends.clone());
         async move { Ok::<_, Infallible>(take(req, &verifier, &appends).await) }
@@ -95,7 +121,7 @@ fn answer(status: StatusCode) -> Response<Full<Bytes>> {
 
 /// Writes each group (each body behind its length) into the ring,
 /// `fdatasync`s, then answers it.
-fn append_loop(file: &std::fs::File, mut rx: mpsc::Receiver<Append>) {
+fn append_loop(file: &std::fs::File, mut rx: mpsc::Receiver<Append>, how: LeanFile) {
     let mut group: Vec<Append> = Vec::with_capacity(MAX_GROUP);
     let mut bytes: Vec<u8> = Vec::new();
     let mut end: u64 = 0;
@@ -107,7 +133,10 @@ fn append_loop(file: &std::fs::File, mut rx: mpsc::Receiver<Append>) {
             bytes.extend_from_slice(&(a.body.len() as u32).to_le_bytes());
             bytes.extend_from_slice(&a.body);
         }
-        let at = ring_offset(end, bytes.len() as u64);
+        let at = match how {
+            LeanFile::Ring => ring_offset(end, bytes.len() as u64),
+            LeanFile::Append => end,
+        };
         end = at + bytes.len() as u64;
         let written = file
             .write_all_at(&bytes, at)
@@ -163,5 +192,45 @@ mod tests {
             .expect("read");
         assert_eq!(&head[..4], &(body.len() as u32).to_le_bytes());
         assert_eq!(&head[4..], body, "the signed body is the first record");
+    }
+
+    /// Appending, the file grows by each record and nothing else: no
+    /// ring, no preallocated zeros.
+    #[tokio::test]
+    async fn appending_grows_the_file_by_each_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("append.log");
+        let addr = start_on(&path, "whsec_test", LeanFile::Append)
+            .await
+            .expect("started");
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs() as i64;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<Full<Bytes>>();
+        let bodies: [&[u8]; 2] = [br#"{"id":"evt_a"}"#, br#"{"id":"evt_bb"}"#];
+        for body in bodies {
+            let mut req = Request::post(format!("http://{addr}/"));
+            for (name, value) in
+                sign(&Scheme::stripe(), "whsec_test", body, now, "e").expect("signed")
+            {
+                req = req.header(name, value);
+            }
+            let req = req
+                .body(Full::new(Bytes::from_static(body)))
+                .expect("request");
+            assert_eq!(
+                client.request(req).await.expect("answered").status(),
+                StatusCode::ACCEPTED
+            );
+        }
+        let mut expected = Vec::new();
+        for body in bodies {
+            expected.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            expected.extend_from_slice(body);
+        }
+        assert_eq!(std::fs::read(&path).expect("read"), expected);
     }
 }
