@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::record::{self, Record};
-use crate::segment::{self, HEADER_BYTES, MAGIC};
+use crate::segment;
 
 /// File name of the dedup file inside `[queue] path`.
 pub(crate) const FILE_NAME: &str = "dedup.log";
@@ -36,12 +36,6 @@ pub(crate) struct DedupFile {
     end: u64,
     /// Tombstones written since it was last rewritten.
     pub entries: u64,
-}
-
-fn header() -> [u8; HEADER_BYTES as usize] {
-    let mut h = [0u8; HEADER_BYTES as usize];
-    h[..8].copy_from_slice(MAGIC);
-    h
 }
 
 /// Reads the file in `dir`, if there is one. A damaged frame costs the
@@ -66,7 +60,7 @@ impl DedupFile {
     /// Writes a new file holding `tombstones`, synced, in place of the old.
     pub(crate) fn rewrite(dir: &Path, tombstones: &[(u64, i64)], next_id: u64) -> io::Result<Self> {
         let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-        let mut buf = header().to_vec();
+        let mut buf = segment::header(0).to_vec();
         for chunk in tombstones.chunks(65_536) {
             record::put_record(
                 &mut buf,

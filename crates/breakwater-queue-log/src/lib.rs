@@ -54,8 +54,8 @@ pub use self::config::LogConfig;
 use self::disk::GroupDisk;
 pub use self::migrate::Migrated;
 use self::record::{EncodedMessage, StoredMessage};
-/// Zero-fills a file's range a page at a time: see [`segment::ZERO_WRITE`]
-/// for why not in larger writes.
+/// Zero-fills a file's range a page at a time, so an `fdatasync` after a
+/// small write into it writes back a page, not a large folio.
 pub use self::segment::zero as zero_fill;
 use self::writer::{Incoming, Op, Reply, Settings, Writer};
 

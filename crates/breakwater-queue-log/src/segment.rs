@@ -90,8 +90,8 @@ pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
     Ok(file)
 }
 
-/// The header of segment `index`.
-fn header(index: u64) -> [u8; HEADER_BYTES as usize] {
+/// The header of segment `index` (the dedup file's is index 0's).
+pub(crate) fn header(index: u64) -> [u8; HEADER_BYTES as usize] {
     let mut header = [0u8; HEADER_BYTES as usize];
     header[..8].copy_from_slice(MAGIC);
     header[8..].copy_from_slice(&index.to_le_bytes());

@@ -10,15 +10,17 @@
 //!
 //! After each group it reclaims: while the oldest segment holds nothing
 //! live, the dedup hashes of what was applied out of it are appended to
-//! the dedup file (synced) and the segment is deleted. When the oldest
+//! the dedup file (synced) and the segment is recycled as the next one
+//! when there is no spare yet (renamed, a new header: no zeros written),
+//! else deleted. When the oldest
 //! holds only a little (a quarter of a segment or less), its live
 //! messages are copied forward as carry records into the current one, a
 //! few hundred per group, so a parked or delayed straggler never pins a
 //! segment.
 //!
-//! The next segment is created (zero-filled, synced) on a thread of its
-//! own while the current one fills, so a roll costs the writer no more
-//! than a rename would.
+//! Without a recycled one, the next segment is created (zero-filled,
+//! synced) on a thread of its own while the current one fills, so a roll
+//! costs the writer no more than a rename would.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
