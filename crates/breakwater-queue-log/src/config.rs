@@ -15,6 +15,11 @@ pub struct LogConfig {
     /// Size of each segment file, preallocated when it is created. A
     /// webhook larger than a segment gets a segment of its own size.
     pub segment_bytes: u64,
+    /// Most settled segments kept on disk (as `free-<index>.log`) to be
+    /// reused as new ones instead of writing a new segment's zeros: a burst
+    /// after a drain then costs the disk no zeros. They hold up to this
+    /// many segments of the space the queue once grew to.
+    pub free_segments: usize,
     /// How long an applied event id is remembered to answer redeliveries
     /// with 200 instead of queuing them twice, in seconds.
     pub dedup_window_secs: u64,
@@ -36,6 +41,7 @@ impl Default for LogConfig {
         Self {
             path: PathBuf::from("data/queue"),
             segment_bytes: 64 << 20,
+            free_segments: 4,
             dedup_window_secs: 7 * 24 * 3600,
             dedup_index_max: 5_000_000,
             max_batch: 1024,

@@ -207,6 +207,7 @@ impl LogQueue {
             disk,
             max_batch: config.max_batch.max(1),
             segment_bytes: config.segment_bytes.max(config::MIN_SEGMENT_BYTES),
+            free_segments: config.free_segments,
         };
         let window_ms = i64::try_from(config.dedup_window_secs)
             .unwrap_or(i64::MAX / 1000)

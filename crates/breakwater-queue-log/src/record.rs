@@ -185,7 +185,7 @@ fn salted_index(salt: u32, index: u64) -> u64 {
 /// Recycled segments a frame's earlier life may lie this far back, at
 /// most; a damaged frame whose checksum happens to match another salt
 /// within it reads as a clean end, 1 in 65,536 damaged frames.
-const EARLIER_LIVES: u64 = 1 << 16;
+pub(crate) const EARLIER_LIVES: u64 = 1 << 16;
 
 /// Whether `buf` starts with a whole frame written in an earlier life of
 /// segment `index`'s file (salted with the index of a segment before it,

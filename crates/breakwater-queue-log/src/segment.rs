@@ -9,8 +9,10 @@
 //! zeros after the last frame read as its end, [`FrameError::End`]), or
 //! recycled from a settled segment ([`recycle`]: renamed, its header
 //! rewritten), which costs no writing at all; there the frames of its
-//! earlier life, salted with an older index, read as the end. Segments of
-//! the first format (`BWQLOG01`, unsalted) are read as they are.
+//! earlier life, salted with an older index, read as the end. A settled
+//! segment may also wait as `free-<index>.log` ([`retire`]) to be reused
+//! the same way later ([`reuse_free`]). Segments of the first format
+//! (`BWQLOG01`, unsalted) are read as they are.
 //!
 //! [`scan`] reads one back. A frame that is cut short or fails its
 //! checksum ends the segment's data, unless its length is intact and a
@@ -45,14 +47,29 @@ pub(crate) fn path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("segment-{index:016}.log"))
 }
 
+/// The file of a settled segment kept for reuse ([`retire`]), by the
+/// index it last had.
+pub(crate) fn free_path(dir: &Path, index: u64) -> PathBuf {
+    dir.join(format!("free-{index:016}.log"))
+}
+
 /// The indexes of the segments in `dir`, oldest first.
 pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
+    list_named(dir, "segment-")
+}
+
+/// The last indexes of the free segments in `dir`, oldest first.
+pub(crate) fn list_free(dir: &Path) -> io::Result<Vec<u64>> {
+    list_named(dir, "free-")
+}
+
+fn list_named(dir: &Path, prefix: &str) -> io::Result<Vec<u64>> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some(index) = name
-            .strip_prefix("segment-")
+            .strip_prefix(prefix)
             .and_then(|n| n.strip_suffix(".log"))
             .and_then(|n| n.parse().ok())
         {
@@ -106,7 +123,26 @@ pub(crate) fn header(index: u64) -> [u8; HEADER_BYTES as usize] {
 /// [`ScanError::Unfinished`] and dropped at start; its earlier life's
 /// frames never read as data.
 pub(crate) fn recycle(dir: &Path, from: u64, to: u64) -> io::Result<File> {
-    std::fs::rename(path(dir, from), path(dir, to))?;
+    reuse(dir, &path(dir, from), to)
+}
+
+/// Keeps settled segment `index` for reuse: renamed `free-<index>.log`,
+/// which start-up does not read as a segment. The directory is synced by
+/// whatever renames next ([`reuse`]); a power cut before that brings the
+/// segment back under its own name, settled, as a crash before a delete
+/// would.
+pub(crate) fn retire(dir: &Path, index: u64) -> io::Result<()> {
+    std::fs::rename(path(dir, index), free_path(dir, index))
+}
+
+/// Makes free segment `from` ([`retire`]) into segment `to`, as
+/// [`recycle`] does with a settled one.
+pub(crate) fn reuse_free(dir: &Path, from: u64, to: u64) -> io::Result<File> {
+    reuse(dir, &free_path(dir, from), to)
+}
+
+fn reuse(dir: &Path, from: &Path, to: u64) -> io::Result<File> {
+    std::fs::rename(from, path(dir, to))?;
     File::open(dir)?.sync_all()?;
     let file = open(dir, to)?;
     file.write_all_at(&header(to), 0)?;

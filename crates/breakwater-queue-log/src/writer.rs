@@ -12,15 +12,17 @@
 //! live, the dedup hashes of what was applied out of it are appended to
 //! the dedup file (synced) and the segment is recycled as the next one
 //! when there is no spare yet (renamed, a new header: no zeros written),
-//! else deleted. When the oldest
+//! else kept as a free segment (`free-<index>.log`, up to
+//! `free_segments` of them) for a later roll, else deleted. A burst after
+//! a drain then writes no zeros until the free ones run out. When the oldest
 //! holds only a little (a quarter of a segment or less), its live
 //! messages are copied forward as carry records into the current one, a
 //! few hundred per group, so a parked or delayed straggler never pins a
 //! segment.
 //!
-//! Without a recycled one, the next segment is created (zero-filled,
-//! synced) on a thread of its own while the current one fills, so a roll
-//! costs the writer no more than a rename would.
+//! Without a recycled or free one, the next segment is created
+//! (zero-filled, synced) on a thread of its own while the current one
+//! fills, so a roll costs the writer no more than a rename would.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -122,6 +124,8 @@ pub(crate) struct Settings {
     pub disk: Arc<dyn GroupDisk>,
     pub max_batch: usize,
     pub segment_bytes: u64,
+    /// Most settled segments kept free for reuse.
+    pub free_segments: usize,
 }
 
 /// Copy forward the oldest segment's live messages when they fill at
@@ -186,6 +190,8 @@ pub(crate) struct Writer {
     unsalted: HashSet<u64>,
     group: Group,
     spare: Option<(u64, Spare)>,
+    /// Settled segments kept for reuse, by their last index, oldest first.
+    free: Vec<u64>,
     dlq: Connection,
     dlq_count: u64,
     dedup_file: DedupFile,
@@ -286,6 +292,7 @@ impl Writer {
                 .ok()
                 .map(|f| (s, Spare::Ready(f)))
         });
+        let free = keep_free(&settings, current);
         let mut writer = Self {
             settings,
             index,
@@ -298,6 +305,7 @@ impl Writer {
                 ..Group::default()
             },
             spare,
+            free,
             dlq,
             dlq_count,
             dedup_file,
@@ -775,6 +783,9 @@ impl Writer {
     /// arrive), late enough that a fresh store's first webhooks do not
     /// sync behind 64 MiB of zeros (a first webhook took over 1 s so on a
     /// busy machine).
+    ///
+    /// A free segment, when there is one, becomes the spare instead:
+    /// renamed and its header rewritten, no zeros written.
     fn prepare_spare_when_due(&mut self) {
         if self.spare.is_some() || self.group.start < self.size / 4 {
             return;
@@ -784,6 +795,26 @@ impl Writer {
             self.current + 1,
             self.settings.segment_bytes,
         );
+        while let Some(free) = self.free.pop() {
+            if next - free > record::EARLIER_LIVES / 2 {
+                let _ = std::fs::remove_file(segment::free_path(&dir, free));
+                continue;
+            }
+            match segment::reuse_free(&dir, free, next) {
+                Ok(f) => {
+                    self.spare = Some((next, Spare::Ready(f)));
+                    metrics::counter!(telemetry::QUEUE_SEGMENTS_RECYCLED).increment(1);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, free, "cannot reuse a free queue segment; deleting it");
+                    if segment::path(&dir, next).exists() {
+                        let _ = std::fs::remove_file(segment::path(&dir, next));
+                    }
+                    let _ = std::fs::remove_file(segment::free_path(&dir, free));
+                }
+            }
+        }
         let made = std::thread::Builder::new()
             .name("queue-segment".into())
             .spawn(move || segment::create(&dir, next, size));
@@ -917,7 +948,8 @@ impl Writer {
     /// Makes the settled segment `oldest` the next segment when none is
     /// ready or being made and it has the configured size: renamed, its
     /// header rewritten, no zeros written (its old frames read as the end
-    /// of its data: [`segment::recycle`]). Else deletes it.
+    /// of its data: [`segment::recycle`]). Else keeps it free for a later
+    /// roll while fewer than `free_segments` are, else deletes it.
     fn recycle_or_delete(&mut self, oldest: u64, file: Option<File>) {
         let dir = self.settings.dir.clone();
         let full_size = file
@@ -935,6 +967,18 @@ impl Writer {
                 // Renamed or not, the roll makes the next segment anew.
                 Err(e) => {
                     tracing::warn!(error = %e, segment = oldest, "cannot recycle a reclaimed segment; deleting it");
+                }
+            }
+        } else if full_size && self.free.len() < self.settings.free_segments {
+            match segment::retire(&dir, oldest) {
+                Ok(()) => {
+                    // Newest last: the next roll takes the one whose
+                    // earlier lives are the most recent.
+                    self.free.push(oldest);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, segment = oldest, "cannot keep a reclaimed segment free; deleting it");
                 }
             }
         }
@@ -978,4 +1022,35 @@ impl Writer {
             }
         }
     }
+}
+
+/// The free segments found in the store at start that may be reused after
+/// segment `current`, newest last: the configured size, and last used
+/// recently enough (half of [`record::EARLIER_LIVES`] back) that their old
+/// frames read as an earlier life. The rest, and any past
+/// `free_segments`, are deleted.
+fn keep_free(settings: &Settings, current: u64) -> Vec<u64> {
+    let dir = &settings.dir;
+    let found = match segment::list_free(dir) {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the queue's free segments");
+            return Vec::new();
+        }
+    };
+    let mut kept = Vec::new();
+    for index in found.into_iter().rev() {
+        let path = segment::free_path(dir, index);
+        let usable = kept.len() < settings.free_segments
+            && index < current
+            && current - index <= record::EARLIER_LIVES / 2
+            && std::fs::metadata(&path).is_ok_and(|m| m.len() == settings.segment_bytes);
+        if usable {
+            kept.push(index);
+        } else if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(error = %e, path = %path.display(), "cannot delete a free queue segment");
+        }
+    }
+    kept.reverse();
+    kept
 }

@@ -133,3 +133,116 @@ async fn a_recycling_cut_short_before_the_new_header_is_dropped_at_start() {
     drop(q);
     assert!(!newest.exists(), "the cut-short segment is deleted");
 }
+
+/// Every file of the store that holds or held a segment (`segment-` and
+/// `free-`), by inode and creation time.
+fn files_ever(dir: &Path) -> BTreeSet<(u64, std::time::SystemTime)> {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry"))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("segment-") || name.starts_with("free-")
+        })
+        .map(|e| {
+            let meta = e.metadata().expect("metadata");
+            (meta.ino(), meta.created().expect("creation time"))
+        })
+        .collect()
+}
+
+fn free_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("free-"))
+        })
+        .count()
+}
+
+/// Enqueues `events` and leaves them queued.
+async fn enqueue(q: &LogQueue, events: std::ops::Range<usize>) {
+    for i in events {
+        q.enqueue(message(&format!("e{i}"))).await.expect("enqueue");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = LogConfig {
+        free_segments: 4,
+        ..config(dir.path())
+    };
+    let q = open(&config).await;
+
+    // A backlog of about eight 64 KiB segments, then drained.
+    enqueue_and_ack(&q, 0..480).await;
+    assert_eq!(
+        free_files(dir.path()),
+        4,
+        "the drained segments past the spare are kept free, up to free_segments"
+    );
+    let before = files_ever(dir.path());
+
+    // A burst of about three segments: the spare and the free ones take
+    // it, no segment is made anew.
+    enqueue(&q, 1000..1170).await;
+    assert!(free_files(dir.path()) < 4, "the burst took free segments");
+    let made: Vec<_> = files_ever(dir.path())
+        .difference(&before)
+        .cloned()
+        .collect();
+    assert!(
+        made.is_empty(),
+        "new segment files during the burst: {made:?}"
+    );
+    drop(q);
+
+    // After a restart the rest are still free, and reused in turn.
+    let free_left = free_files(dir.path());
+    let q = open(&config).await;
+    let live: BTreeSet<String> = (1000..1170).map(|i| format!("e{i}")).collect();
+    assert_eq!(queued(&q).await, live, "after a restart: only what is live");
+    assert_eq!(
+        free_files(dir.path()),
+        free_left,
+        "free segments survive a restart"
+    );
+    enqueue(&q, 2000..2060).await;
+    assert!(
+        free_files(dir.path()) < free_left,
+        "reused after the restart"
+    );
+    let made: Vec<_> = files_ever(dir.path())
+        .difference(&before)
+        .cloned()
+        .collect();
+    assert!(
+        made.is_empty(),
+        "new segment files after the restart: {made:?}"
+    );
+    let again = q.enqueue(message("e17")).await.expect("enqueue");
+    assert!(
+        matches!(again, breakwater_queue::Enqueued::Duplicate { .. }),
+        "a settled id is still a duplicate: {again:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_free_segments_drained_ones_are_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = LogConfig {
+        free_segments: 0,
+        ..config(dir.path())
+    };
+    let q = open(&config).await;
+    enqueue_and_ack(&q, 0..480).await;
+    assert_eq!(free_files(dir.path()), 0);
+    assert!(
+        segments(dir.path()).len() <= 3,
+        "{:?}",
+        segments(dir.path())
+    );
+}
