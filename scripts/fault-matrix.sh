@@ -4,7 +4,7 @@
 # where the fault would hit them (a PostgreSQL cluster of its own, initdb'd
 # on its own port; a nats-server, a RabbitMQ node, a tansu Kafka broker,
 # a moto SQS endpoint behind a fault proxy and a redis-server, each of its
-# own; a tmpfs under the embedded queue),
+# own; a tmpfs under the embedded queue, another under the segment log),
 # one fault per row, and a
 # table of webhooks sent, accepted, applied, dead-lettered, lost, duplicate
 # effects and time to recover. Fails when a row loses a webhook or applies
@@ -15,7 +15,8 @@
 #
 #   scripts/fault-matrix.sh
 #   FAULT_MATRIX_ROWS=kafka,sqs scripts/fault-matrix.sh   # some rows only:
-#     postgres-restart postgres-stop sigkill disk-full nats rabbitmq kafka
+#     postgres-restart postgres-stop sigkill disk-full disk-full-log nats
+#     rabbitmq kafka
 #     sqs redis, and sqs-blackhole (only when named: moto stops answering
 #     in its recovery, see fault_matrix.rs)
 set -euo pipefail

@@ -432,6 +432,43 @@ async fn disk_full(http: &Http) -> Row {
     row
 }
 
+/// The segment log's filesystem full under 2 KiB webhooks, then grown
+/// halfway through the burst: a 448 KiB tmpfs holds the first 256 KiB
+/// segment, the dead-letter store and the dedup file but not a second
+/// segment, so once the first is full every enqueue is refused (503)
+/// until the filesystem grows.
+async fn disk_full_log(http: &Http) -> Row {
+    let pg = OwnPostgres::start();
+    let db = effects_db(&pg).await;
+    let disk = Mounted::tmpfs("448k");
+    let sandbox = Sandbox::with_queue(
+        &format!(
+            "[queue]\nbackend = \"log\"\npath = \"{}\"\nsegment_bytes = 262144\nfree_segments = 0\n",
+            disk.0.path().join("queue").display()
+        ),
+        &sink(&pg.url("postgres")),
+    );
+    let server = sandbox.start();
+    let plan = Plan {
+        fault: "the segment log's disk full (448 KiB tmpfs, 256 KiB segments), then grown",
+        prefix: "evt_logfull",
+        sent: 3000,
+        per_sec: 200,
+        pad: 2000,
+        after: Duration::from_millis(7_500),
+    };
+    let row = run(
+        http,
+        &target(&server),
+        plan,
+        || disk.grow("256m"),
+        async || db,
+    )
+    .await;
+    drop(server);
+    row
+}
+
 /// A burst of `sent` webhooks at 100 a second through the queue
 /// `queue_toml` names (with `extra` config), `fault` 3 s into it.
 async fn through_a_broker(
@@ -658,6 +695,9 @@ async fn fault_matrix() {
     }
     if wanted("disk-full") {
         rows.push(disk_full(&http).await);
+    }
+    if wanted("disk-full-log") {
+        rows.push(disk_full_log(&http).await);
     }
     if wanted("nats") {
         rows.push(nats_killed(&http).await);

@@ -22,7 +22,7 @@
 //! | `hanging` | the proxy swallows every byte, answers nothing | the service accepts and never answers |
 //! | `erroring` | - | the service answers 503 to every webhook |
 //! | `poison` | no fault; 10% of the events violate a CHECK constraint | no fault; the service answers 422 to 10% |
-//! | `overload` | `--overload-sessions` other sessions run a CPU-heavy query in a loop, straight to PostgreSQL | - |
+//! | `overload` | `--overload-sessions` other sessions run a CPU-heavy query in a loop, straight to PostgreSQL; each webhook's statement also costs the database about 12 ms of CPU (`--statement-rows`) | - |
 //!
 //! **Naive mode** is the antipattern from the design, for comparison only:
 //! 32 workers on a pool of 20, no lock timeout (statement timeout 60 s), no
@@ -161,6 +161,15 @@ pub struct LabArgs {
     /// overload: sessions running the heavy query loop.
     #[arg(long, default_value_t = 2)]
     pub overload_sessions: u32,
+    /// CPU work the database does for each webhook besides its indexed
+    /// UPDATE: an aggregate over this many generated rows in the same
+    /// statement, as a handler that recomputes a total would (80,000 take
+    /// about 12 ms of one core here, so 150 webhooks/s ask about as much
+    /// CPU as the database gets). Default: 80,000 in overload, where the
+    /// webhooks' own work is what more concurrency piles onto a saturated
+    /// database; 0 (the UPDATE alone) elsewhere.
+    #[arg(long, value_name = "ROWS")]
+    pub statement_rows: Option<u64>,
     /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
     /// the naive consumer keeps its 20, fixed mode its 16 workers.
     #[arg(long, default_value_t = 64)]
@@ -205,6 +214,19 @@ pub struct LabArgs {
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Probe queries timed before the load starts (50 ms apart).
 const IDLE_PROBES: usize = 20;
+
+/// `--statement-rows` when not given in overload.
+pub const OVERLOAD_STATEMENT_ROWS: u64 = 80_000;
+
+impl LabArgs {
+    /// The rows each webhook's statement aggregates (`--statement-rows`).
+    pub fn statement_rows(&self) -> u64 {
+        self.statement_rows.unwrap_or(match self.scenario {
+            Scenario::Overload => OVERLOAD_STATEMENT_ROWS,
+            _ => 0,
+        })
+    }
+}
 
 /// Runs the scenario in the chosen modes.
 pub async fn run_lab(args: &LabArgs) -> anyhow::Result<LabReport> {
@@ -343,6 +365,7 @@ fn mode_config(
     forward: Option<String>,
     queue_dir: std::path::PathBuf,
     pool_max: usize,
+    statement_rows: u64,
 ) -> Config {
     let mut c = crate::bench::bench_config(&queue_dir);
     c.sink.url = sink_url;
@@ -374,11 +397,23 @@ fn mode_config(
             });
         }
         None => c.sources[0].statements.push(StatementConfig {
-            sql: "UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity".into(),
+            sql: update_sql(statement_rows),
             params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
         }),
     }
     c
+}
+
+/// The webhooks' statement: the indexed UPDATE, and with `rows` > 0 an
+/// aggregate over that many generated rows that the UPDATE waits on (the
+/// database's CPU per webhook; the row changes as before).
+fn update_sql(rows: u64) -> String {
+    let work = if rows > 0 {
+        format!(" AND (SELECT sum(g % 7) FROM generate_series(1, {rows}) g) >= 0")
+    } else {
+        String::new()
+    };
+    format!("UPDATE orders SET status = $status, updated_at = now() WHERE id = $entity{work}")
 }
 
 /// A count of the embedded queue (which reports every one).
@@ -426,7 +461,14 @@ async fn wire(
                 db.app_name,
                 db.schema
             );
-            let config = mode_config(mode, sink_url, None, queue_dir.to_owned(), args.pool_max);
+            let config = mode_config(
+                mode,
+                sink_url,
+                None,
+                queue_dir.to_owned(),
+                args.pool_max,
+                args.statement_rows(),
+            );
             (proxy, config)
         }
         Dependency::Service { service, .. } => {
@@ -439,6 +481,7 @@ async fn wire(
                 Some(forward),
                 queue_dir.to_owned(),
                 args.pool_max,
+                0,
             );
             (proxy, config)
         }
@@ -779,6 +822,31 @@ mod tests {
         let mut argv = vec!["lab"];
         argv.extend_from_slice(line);
         Cli::try_parse_from(argv).expect("arguments").lab
+    }
+
+    #[test]
+    fn overload_statements_cost_the_database_cpu_unless_told_otherwise() {
+        assert_eq!(
+            args(&["overload"]).statement_rows(),
+            super::OVERLOAD_STATEMENT_ROWS
+        );
+        assert_eq!(args(&["hot-row"]).statement_rows(), 0);
+        assert_eq!(
+            args(&["overload", "--statement-rows", "0"]).statement_rows(),
+            0
+        );
+        assert_eq!(
+            args(&["slow-db", "--statement-rows", "500"]).statement_rows(),
+            500
+        );
+        assert!(!super::update_sql(0).contains("generate_series"));
+        let heavy = super::update_sql(80_000);
+        assert!(
+            heavy.starts_with("UPDATE orders SET status = $status")
+                && heavy.contains("WHERE id = $entity AND")
+                && heavy.contains("generate_series(1, 80000)"),
+            "{heavy}"
+        );
     }
 
     #[test]
