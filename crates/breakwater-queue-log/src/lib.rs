@@ -29,6 +29,7 @@ pub mod disk;
 mod dlq;
 mod index;
 mod migrate;
+mod pace;
 mod record;
 mod recovery;
 mod segment;

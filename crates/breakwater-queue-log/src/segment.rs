@@ -26,6 +26,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::record::{self, FrameError, Record};
 
@@ -88,6 +89,17 @@ fn list_named(dir: &Path, prefix: &str) -> io::Result<Vec<u64>> {
 /// writeback in front of the writer's `fdatasync` (64 MiB synced at once
 /// held group commits up for 100–200 ms under `bench ingress`).
 pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
+    create_paced(dir, index, size, |_, _| Duration::ZERO)
+}
+
+/// [`create`], waiting `pace(how long the chunk took, chunks left)` after
+/// each chunk of zeros ([`crate::pace`]).
+pub(crate) fn create_paced(
+    dir: &Path,
+    index: u64,
+    size: u64,
+    mut pace: impl FnMut(Duration, u64) -> Duration,
+) -> io::Result<File> {
     let path = path(dir, index);
     let file = OpenOptions::new()
         .read(true)
@@ -97,10 +109,15 @@ pub(crate) fn create(dir: &Path, index: u64, size: u64) -> io::Result<File> {
     file.write_all_at(&header(index), 0)?;
     let mut at = HEADER_BYTES;
     while at < size {
+        let started = Instant::now();
         let to = (at + ZEROS as u64).min(size);
         zero(&file, at, to)?;
         file.sync_data()?;
         at = to;
+        let wait = pace(started.elapsed(), (size - at).div_ceil(ZEROS as u64));
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
     }
     file.sync_all()?;
     File::open(dir)?.sync_all()?;

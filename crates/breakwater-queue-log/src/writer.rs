@@ -22,7 +22,10 @@
 //!
 //! Without a recycled or free one, the next segment is created
 //! (zero-filled, synced) on a thread of its own while the current one
-//! fills, so a roll costs the writer no more than a rename would.
+//! fills, so a roll costs the writer no more than a rename would; its
+//! zeros are paced to end in about half the time the current segment
+//! takes to fill ([`crate::pace`]), so they never crowd the group
+//! commits' syncs.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -46,6 +49,7 @@ use crate::disk::GroupDisk;
 use crate::dlq::{self, NewDead};
 use crate::index::{Index, Location, Seen};
 use crate::migrate::{Imported, Migrated};
+use crate::pace::{Pacer, WriterProgress};
 use crate::record::{self, CarriedState, EncodedMessage, Record, StoredMessage};
 use crate::segment::{self, HEADER_BYTES};
 use crate::{LeaseToken, OpenReport, telemetry};
@@ -192,6 +196,8 @@ pub(crate) struct Writer {
     spare: Option<(u64, Spare)>,
     /// Settled segments kept for reuse, by their last index, oldest first.
     free: Vec<u64>,
+    /// Where the writer is, for pacing the next segment's zeros.
+    progress: Arc<WriterProgress>,
     dlq: Connection,
     dlq_count: u64,
     dedup_file: DedupFile,
@@ -306,11 +312,13 @@ impl Writer {
             },
             spare,
             free,
+            progress: Arc::default(),
             dlq,
             dlq_count,
             dedup_file,
             next_prune: Instant::now() + PRUNE_EVERY,
         };
+        writer.progress.set(writer.group.start);
         writer.prepare_spare_when_due();
         Ok((writer, opened))
     }
@@ -336,6 +344,7 @@ impl Writer {
             self.carry();
             let applied = started.elapsed();
             self.commit();
+            self.progress.set(self.group.start);
             let committed = started.elapsed();
             self.prepare_spare_when_due();
             self.reclaim();
@@ -815,9 +824,12 @@ impl Writer {
                 }
             }
         }
+        let mut pacer = Pacer::new(Arc::clone(&self.progress), self.size);
         let made = std::thread::Builder::new()
             .name("queue-segment".into())
-            .spawn(move || segment::create(&dir, next, size));
+            .spawn(move || {
+                segment::create_paced(&dir, next, size, |took, left| pacer.delay(took, left))
+            });
         match made {
             Ok(handle) => self.spare = Some((next, Spare::Making(handle))),
             Err(e) => tracing::warn!(error = %e, "cannot start the segment thread"),
@@ -828,6 +840,7 @@ impl Writer {
     fn roll(&mut self, len: u64) -> io::Result<()> {
         let next = self.current + 1;
         let needed = HEADER_BYTES + len;
+        self.progress.hurry();
         let spare = match self.spare.take() {
             Some((index, Spare::Making(handle))) if index == next => handle
                 .join()
