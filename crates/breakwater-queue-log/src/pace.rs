@@ -5,8 +5,9 @@
 //! Zeros written at the disk's full speed put megabytes of writeback in
 //! front of every group commit's `fdatasync` while they last. Spread over
 //! the time the current segment takes to fill, they put about one chunk
-//! there at a time. The rule, after each chunk of zeros: at the writer's
-//! rate since the zeroing began, the current segment fills in
+//! (`segment::ZEROS`, 256 KiB) there at a time. The rule, after each
+//! chunk: at the writer's rate (the faster of its rate since the zeroing
+//! began and since the last chunk), the current segment fills in
 //! `time_left`; the zeroing aims to end in half of that, so it waits after
 //! a chunk for whatever the chunk took less than its share
 //! (`time_left / 2 / chunks_left`), never more than [`MAX_DELAY`]. A
@@ -18,8 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The longest wait after a chunk: an idle writer still gets its next
-/// segment within about 64 x 10 ms for a 64 MiB one.
-pub(crate) const MAX_DELAY: Duration = Duration::from_millis(10);
+/// 64 MiB segment within about 256 x 5 ms (256 KiB chunks).
+pub(crate) const MAX_DELAY: Duration = Duration::from_millis(5);
 
 /// The wait after a chunk of zeros that took `took`, when the writer is
 /// `remaining` bytes from the end of the current segment and has written
@@ -113,9 +114,9 @@ mod tests {
 
     #[test]
     fn zeros_end_in_half_the_time_the_writer_takes_to_fill_the_segment() {
-        // 48 MiB left at 48 MiB/s: 1 s left, so 64 chunks share 0.5 s.
-        let d = chunk_delay(48 * MIB, 48.0 * MIB as f64, 64, Duration::from_millis(2));
-        let share = 0.5 / 64.0;
+        // 48 MiB left at 96 MiB/s: 0.5 s left, so 64 chunks share 0.25 s.
+        let d = chunk_delay(48 * MIB, 96.0 * MIB as f64, 64, Duration::from_millis(2));
+        let share = 0.25 / 64.0;
         assert!((d.as_secs_f64() - (share - 0.002)).abs() < 1e-6, "{d:?}");
     }
 
