@@ -54,9 +54,7 @@ fn segments(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
 
 /// Enqueues `events` and acks every one of them.
 async fn enqueue_and_ack(q: &LogQueue, events: std::ops::Range<usize>) {
-    for i in events {
-        q.enqueue(message(&format!("e{i}"))).await.expect("enqueue");
-    }
+    enqueue(q, events).await;
     for d in q.claim(100_000, LEASE).await.expect("claim") {
         q.ack(&d.receipt).await.expect("ack");
     }
@@ -168,17 +166,22 @@ async fn enqueue(q: &LogQueue, events: std::ops::Range<usize>) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
+/// A store of 64 KiB segments keeping `free_segments`, after a backlog
+/// of about eight segments was queued and drained.
+async fn drained(free_segments: usize) -> (tempfile::TempDir, LogConfig, LogQueue) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = LogConfig {
-        free_segments: 4,
+        free_segments,
         ..config(dir.path())
     };
     let q = open(&config).await;
-
-    // A backlog of about eight 64 KiB segments, then drained.
     enqueue_and_ack(&q, 0..480).await;
+    (dir, config, q)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
+    let (dir, config, q) = drained(4).await;
     assert_eq!(
         free_files(dir.path()),
         4,
@@ -232,13 +235,7 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_free_segments_drained_ones_are_deleted() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = LogConfig {
-        free_segments: 0,
-        ..config(dir.path())
-    };
-    let q = open(&config).await;
-    enqueue_and_ack(&q, 0..480).await;
+    let (dir, _config, _q) = drained(0).await;
     assert_eq!(free_files(dir.path()), 0);
     assert!(
         segments(dir.path()).len() <= 3,

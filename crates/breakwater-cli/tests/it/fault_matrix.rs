@@ -401,17 +401,6 @@ impl Drop for Mounted {
 /// The embedded queue's filesystem full (a 3 MiB tmpfs) under 2 KiB
 /// webhooks, then grown halfway through the burst.
 async fn disk_full(http: &Http) -> Row {
-    let pg = OwnPostgres::start();
-    let db = effects_db(&pg).await;
-    let disk = Mounted::tmpfs("3m");
-    let sandbox = Sandbox::with_queue(
-        &format!(
-            "[queue]\nbackend = \"embedded\"\npath = \"{}\"\n",
-            disk.0.path().join("queue").display()
-        ),
-        &sink(&pg.url("postgres")),
-    );
-    let server = sandbox.start();
     let plan = Plan {
         fault: "the embedded queue's disk full (3 MiB tmpfs), then grown",
         prefix: "evt_full",
@@ -420,16 +409,7 @@ async fn disk_full(http: &Http) -> Row {
         pad: 2000,
         after: Duration::from_millis(7_500),
     };
-    let row = run(
-        http,
-        &target(&server),
-        plan,
-        || disk.grow("256m"),
-        async || db,
-    )
-    .await;
-    drop(server);
-    row
+    queue_disk_full(http, "3m", "backend = \"embedded\"", plan).await
 }
 
 /// The segment log's filesystem full under 2 KiB webhooks, then grown
@@ -438,17 +418,6 @@ async fn disk_full(http: &Http) -> Row {
 /// segment, so once the first is full every enqueue is refused (503)
 /// until the filesystem grows.
 async fn disk_full_log(http: &Http) -> Row {
-    let pg = OwnPostgres::start();
-    let db = effects_db(&pg).await;
-    let disk = Mounted::tmpfs("448k");
-    let sandbox = Sandbox::with_queue(
-        &format!(
-            "[queue]\nbackend = \"log\"\npath = \"{}\"\nsegment_bytes = 262144\nfree_segments = 0\n",
-            disk.0.path().join("queue").display()
-        ),
-        &sink(&pg.url("postgres")),
-    );
-    let server = sandbox.start();
     let plan = Plan {
         fault: "the segment log's disk full (448 KiB tmpfs, 256 KiB segments), then grown",
         prefix: "evt_logfull",
@@ -457,6 +426,24 @@ async fn disk_full_log(http: &Http) -> Row {
         pad: 2000,
         after: Duration::from_millis(7_500),
     };
+    let queue = "backend = \"log\"\nsegment_bytes = 262144\nfree_segments = 0";
+    queue_disk_full(http, "448k", queue, plan).await
+}
+
+/// `plan`'s burst with the queue (`queue`: its `[queue]` keys but `path`)
+/// on a tmpfs of `size`, grown to 256 MiB as the fault.
+async fn queue_disk_full(http: &Http, size: &str, queue: &str, plan: Plan) -> Row {
+    let pg = OwnPostgres::start();
+    let db = effects_db(&pg).await;
+    let disk = Mounted::tmpfs(size);
+    let sandbox = Sandbox::with_queue(
+        &format!(
+            "[queue]\n{queue}\npath = \"{}\"\n",
+            disk.0.path().join("queue").display()
+        ),
+        &sink(&pg.url("postgres")),
+    );
+    let server = sandbox.start();
     let row = run(
         http,
         &target(&server),
