@@ -7,6 +7,6 @@ pub use breakwater_queue_embedded::telemetry::{QUEUE_COMMIT_BATCH, QUEUE_COMMIT_
 /// recycled as the next segment).
 pub const QUEUE_SEGMENTS_RECLAIMED: &str = "breakwater_queue_segments_reclaimed_total";
 
-/// Reclaimed segments recycled as the next segment instead of deleted: a
-/// segment that did not have to be zero-filled.
+/// Segments made from settled ones (recycled at once, or kept free and
+/// reused later) instead of zero-filled.
 pub const QUEUE_SEGMENTS_RECYCLED: &str = "breakwater_queue_segments_recycled_total";
