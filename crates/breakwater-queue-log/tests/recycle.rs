@@ -52,6 +52,16 @@ fn segments(dir: &Path) -> BTreeMap<String, (u64, std::time::SystemTime)> {
         .collect()
 }
 
+/// Every settled id is still known: a redelivery of `event` is a
+/// duplicate.
+async fn assert_settled_is_duplicate(q: &LogQueue, event: &str) {
+    let again = q.enqueue(message(event)).await.expect("enqueue");
+    assert!(
+        matches!(again, breakwater_queue::Enqueued::Duplicate { .. }),
+        "a settled id is still a duplicate: {again:?}"
+    );
+}
+
 /// Enqueues `events` and acks every one of them.
 async fn enqueue_and_ack(q: &LogQueue, events: std::ops::Range<usize>) {
     enqueue(q, events).await;
@@ -95,12 +105,7 @@ async fn settled_segments_are_recycled_and_their_earlier_life_never_reads_as_dat
 
     let q = open(&config).await;
     assert_eq!(queued(&q).await, live, "after a restart: only what is live");
-    // Every settled id is still known: a redelivery is a duplicate.
-    let again = q.enqueue(message("e17")).await.expect("enqueue");
-    assert!(
-        matches!(again, breakwater_queue::Enqueued::Duplicate { .. }),
-        "{again:?}"
-    );
+    assert_settled_is_duplicate(&q, "e17").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,11 +231,7 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
         made.is_empty(),
         "new segment files after the restart: {made:?}"
     );
-    let again = q.enqueue(message("e17")).await.expect("enqueue");
-    assert!(
-        matches!(again, breakwater_queue::Enqueued::Duplicate { .. }),
-        "a settled id is still a duplicate: {again:?}"
-    );
+    assert_settled_is_duplicate(&q, "e17").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
