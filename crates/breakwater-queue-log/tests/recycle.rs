@@ -154,6 +154,13 @@ fn files_ever(dir: &Path) -> BTreeSet<(u64, std::time::SystemTime)> {
         .collect()
 }
 
+/// No segment file in `dir` that was not among `before` (`when` names
+/// the moment in the failure).
+fn assert_no_file_made(dir: &Path, before: &BTreeSet<(u64, std::time::SystemTime)>, when: &str) {
+    let made: Vec<_> = files_ever(dir).difference(before).cloned().collect();
+    assert!(made.is_empty(), "new segment files {when}: {made:?}");
+}
+
 fn free_files(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .expect("read dir")
@@ -198,14 +205,7 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
     // it, no segment is made anew.
     enqueue(&q, 1000..1170).await;
     assert!(free_files(dir.path()) < 4, "the burst took free segments");
-    let made: Vec<_> = files_ever(dir.path())
-        .difference(&before)
-        .cloned()
-        .collect();
-    assert!(
-        made.is_empty(),
-        "new segment files during the burst: {made:?}"
-    );
+    assert_no_file_made(dir.path(), &before, "during the burst");
     drop(q);
 
     // After a restart the rest are still free, and reused in turn.
@@ -223,14 +223,7 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
         free_files(dir.path()) < free_left,
         "reused after the restart"
     );
-    let made: Vec<_> = files_ever(dir.path())
-        .difference(&before)
-        .cloned()
-        .collect();
-    assert!(
-        made.is_empty(),
-        "new segment files after the restart: {made:?}"
-    );
+    assert_no_file_made(dir.path(), &before, "after the restart");
     assert_settled_is_duplicate(&q, "e17").await;
 }
 
