@@ -16,8 +16,7 @@
 #   scripts/fault-matrix.sh
 #   FAULT_MATRIX_ROWS=kafka,sqs scripts/fault-matrix.sh   # some rows only:
 #     postgres-restart postgres-stop sigkill disk-full disk-full-log nats
-#     rabbitmq kafka
-#     sqs redis, and sqs-blackhole (only when named: moto stops answering
+#     rabbitmq kafka sqs redis, and sqs-blackhole (only when named: moto stops answering
 #     in its recovery, see fault_matrix.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."

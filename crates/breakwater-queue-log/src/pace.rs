@@ -20,12 +20,12 @@ use std::time::{Duration, Instant};
 
 /// The longest wait after a chunk: an idle writer still gets its next
 /// 64 MiB segment within about 256 x 5 ms (256 KiB chunks).
-pub(crate) const MAX_DELAY: Duration = Duration::from_millis(5);
+const MAX_DELAY: Duration = Duration::from_millis(5);
 
 /// The wait after a chunk of zeros that took `took`, when the writer is
 /// `remaining` bytes from the end of the current segment and has written
 /// `rate` bytes a second, with `chunks_left` chunks still to write.
-pub(crate) fn chunk_delay(remaining: u64, rate: f64, chunks_left: u64, took: Duration) -> Duration {
+fn chunk_delay(remaining: u64, rate: f64, chunks_left: u64, took: Duration) -> Duration {
     if chunks_left == 0 {
         return Duration::ZERO;
     }

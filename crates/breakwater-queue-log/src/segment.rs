@@ -42,8 +42,8 @@ pub(crate) const HEADER_BYTES: u64 = 16;
 
 /// Zeros written and synced at a time when preallocating: each sync puts
 /// at most this much writeback in front of the group commits' own (under
-/// `bench ingress` at half load, requests over 5 ms fell from 2.5–2.9%
-/// with 1 MiB pieces to 0.1–0.2%).
+/// `bench ingress --floor` at half load, requests over 5 ms were 2.5–2.9%
+/// with paced 1 MiB pieces, 0.1–0.8% with these).
 const ZEROS: usize = 256 << 10;
 
 /// The file of segment `index` in `dir`.
@@ -153,6 +153,13 @@ pub(crate) fn recycle(dir: &Path, from: u64, to: u64) -> io::Result<File> {
 /// would.
 pub(crate) fn retire(dir: &Path, index: u64) -> io::Result<()> {
     std::fs::rename(path(dir, index), free_path(dir, index))
+}
+
+/// Whether a file last used as segment `last` may become segment `next`:
+/// its old frames must read as an earlier life ([`record::EARLIER_LIVES`],
+/// half of it, for the lives before its last).
+pub(crate) fn may_reuse(last: u64, next: u64) -> bool {
+    last < next && next - last <= record::EARLIER_LIVES / 2
 }
 
 /// Makes free segment `from` ([`retire`]) into segment `to`, as

@@ -805,7 +805,7 @@ impl Writer {
             self.settings.segment_bytes,
         );
         while let Some(free) = self.free.pop() {
-            if next - free > record::EARLIER_LIVES / 2 {
+            if !segment::may_reuse(free, next) {
                 let _ = std::fs::remove_file(segment::free_path(&dir, free));
                 continue;
             }
@@ -815,11 +815,11 @@ impl Writer {
                     metrics::counter!(telemetry::QUEUE_SEGMENTS_RECYCLED).increment(1);
                     return;
                 }
+                // Renamed or not, the file goes: the roll makes the next
+                // segment anew if nothing else does.
                 Err(e) => {
                     tracing::warn!(error = %e, free, "cannot reuse a free queue segment; deleting it");
-                    if segment::path(&dir, next).exists() {
-                        let _ = std::fs::remove_file(segment::path(&dir, next));
-                    }
+                    let _ = std::fs::remove_file(segment::path(&dir, next));
                     let _ = std::fs::remove_file(segment::free_path(&dir, free));
                 }
             }
@@ -1039,9 +1039,9 @@ impl Writer {
 
 /// The free segments found in the store at start that may be reused after
 /// segment `current`, newest last: the configured size, and last used
-/// recently enough (half of [`record::EARLIER_LIVES`] back) that their old
-/// frames read as an earlier life. The rest, and any past
-/// `free_segments`, are deleted.
+/// recently enough that their old frames read as an earlier life
+/// ([`segment::may_reuse`]). The rest, and any past `free_segments`, are
+/// deleted.
 fn keep_free(settings: &Settings, current: u64) -> Vec<u64> {
     let dir = &settings.dir;
     let found = match segment::list_free(dir) {
@@ -1055,8 +1055,7 @@ fn keep_free(settings: &Settings, current: u64) -> Vec<u64> {
     for index in found.into_iter().rev() {
         let path = segment::free_path(dir, index);
         let usable = kept.len() < settings.free_segments
-            && index < current
-            && current - index <= record::EARLIER_LIVES / 2
+            && segment::may_reuse(index, current)
             && std::fs::metadata(&path).is_ok_and(|m| m.len() == settings.segment_bytes);
         if usable {
             kept.push(index);

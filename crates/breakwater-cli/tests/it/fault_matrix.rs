@@ -401,14 +401,10 @@ impl Drop for Mounted {
 /// The embedded queue's filesystem full (a 3 MiB tmpfs) under 2 KiB
 /// webhooks, then grown halfway through the burst.
 async fn disk_full(http: &Http) -> Row {
-    let plan = Plan {
-        fault: "the embedded queue's disk full (3 MiB tmpfs), then grown",
-        prefix: "evt_full",
-        sent: 3000,
-        per_sec: 200,
-        pad: 2000,
-        after: Duration::from_millis(7_500),
-    };
+    let plan = disk_full_plan(
+        "the embedded queue's disk full (3 MiB tmpfs), then grown",
+        "evt_full",
+    );
     queue_disk_full(http, "3m", "backend = \"embedded\"", plan).await
 }
 
@@ -418,16 +414,25 @@ async fn disk_full(http: &Http) -> Row {
 /// segment, so once the first is full every enqueue is refused (503)
 /// until the filesystem grows.
 async fn disk_full_log(http: &Http) -> Row {
-    let plan = Plan {
-        fault: "the segment log's disk full (448 KiB tmpfs, 256 KiB segments), then grown",
-        prefix: "evt_logfull",
+    let plan = disk_full_plan(
+        "the segment log's disk full (448 KiB tmpfs, 256 KiB segments), then grown",
+        "evt_logfull",
+    );
+    let queue = "backend = \"log\"\nsegment_bytes = 262144\nfree_segments = 0";
+    queue_disk_full(http, "448k", queue, plan).await
+}
+
+/// A full disk's burst: 3000 webhooks of 2 KiB at 200 a second, the disk
+/// grown 7.5 s in.
+fn disk_full_plan(fault: &'static str, prefix: &'static str) -> Plan {
+    Plan {
+        fault,
+        prefix,
         sent: 3000,
         per_sec: 200,
         pad: 2000,
         after: Duration::from_millis(7_500),
-    };
-    let queue = "backend = \"log\"\nsegment_bytes = 262144\nfree_segments = 0";
-    queue_disk_full(http, "448k", queue, plan).await
+    }
 }
 
 /// `plan`'s burst with the queue (`queue`: its `[queue]` keys but `path`)

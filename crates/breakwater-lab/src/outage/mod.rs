@@ -167,7 +167,7 @@ pub struct LabArgs {
     /// about 12 ms of one core here, so 150 webhooks/s ask about as much
     /// CPU as the database gets). Default: 80,000 in overload, where the
     /// webhooks' own work is what more concurrency piles onto a saturated
-    /// database; 0 (the UPDATE alone) elsewhere.
+    /// database; 0 (the UPDATE alone) elsewhere. `--sink db` only.
     #[arg(long, value_name = "ROWS")]
     pub statement_rows: Option<u64>,
     /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
