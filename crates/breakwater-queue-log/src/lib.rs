@@ -23,6 +23,7 @@
 //! admin API. Work that needs no state (the dedup hash, the record's
 //! encoding and checksum) is done on the caller's thread.
 
+mod blanks;
 pub mod config;
 mod dedup_file;
 pub mod disk;

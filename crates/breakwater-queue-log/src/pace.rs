@@ -54,6 +54,12 @@ impl WriterProgress {
         self.at.store(at, Ordering::Relaxed);
     }
 
+    /// Where the writer's next group starts: it moves with every group
+    /// written.
+    pub(crate) fn at(&self) -> u64 {
+        self.at.load(Ordering::Relaxed)
+    }
+
     /// Asks the segment being made to be finished at full speed.
     pub(crate) fn hurry(&self) {
         self.hurry.store(true, Ordering::Relaxed);

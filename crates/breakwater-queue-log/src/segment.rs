@@ -57,6 +57,16 @@ pub(crate) fn free_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("free-{index:016}.log"))
 }
 
+/// A blank segment made ahead ([`make_blank`]), by its number.
+pub(crate) fn blank_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("blank-{number:016}.log"))
+}
+
+/// A blank segment still being zero-filled: never used, deleted at start.
+fn blank_part_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("blank-{number:016}.part"))
+}
+
 /// The indexes of the segments in `dir`, oldest first.
 pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
     list_named(dir, "segment-")
@@ -65,6 +75,23 @@ pub(crate) fn list(dir: &Path) -> io::Result<Vec<u64>> {
 /// The last indexes of the free segments in `dir`, oldest first.
 pub(crate) fn list_free(dir: &Path) -> io::Result<Vec<u64>> {
     list_named(dir, "free-")
+}
+
+/// The numbers of the blank segments in `dir`, oldest first.
+pub(crate) fn list_blank(dir: &Path) -> io::Result<Vec<u64>> {
+    list_named(dir, "blank-")
+}
+
+/// Deletes the blank segments a stop or a crash cut short.
+pub(crate) fn remove_blank_parts(dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with("blank-") && name.ends_with(".part") {
+            std::fs::remove_file(dir.join(name))?;
+        }
+    }
+    Ok(())
 }
 
 fn list_named(dir: &Path, prefix: &str) -> io::Result<Vec<u64>> {
@@ -127,6 +154,46 @@ pub(crate) fn create_paced(
     Ok(file)
 }
 
+/// Makes blank segment `number` of `size` bytes: zeros only, written and
+/// synced a chunk at a time under a temporary name, then renamed, so a
+/// blank that exists is whole. Asks `go_on` before each chunk, which
+/// waits as long as it needs to and says whether to go on: when it says
+/// no, the part written is deleted and the answer is `Ok(false)`. The
+/// directory is synced by whatever renames next ([`reuse_blank`]
+/// does before the blank is used); a power cut before that loses at most
+/// the blank.
+pub(crate) fn make_blank(
+    dir: &Path,
+    number: u64,
+    size: u64,
+    mut go_on: impl FnMut() -> bool,
+) -> io::Result<bool> {
+    let part = blank_part_path(dir, number);
+    let made = (|| {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&part)?;
+        let mut at = 0;
+        while at < size {
+            if !go_on() {
+                return Ok(false);
+            }
+            let to = (at + ZEROS as u64).min(size);
+            zero(&file, at, to)?;
+            file.sync_data()?;
+            at = to;
+        }
+        file.sync_all()?;
+        std::fs::rename(&part, blank_path(dir, number))?;
+        Ok(true)
+    })();
+    if !matches!(made, Ok(true)) {
+        let _ = std::fs::remove_file(&part);
+    }
+    made
+}
+
 /// The header of segment `index` (the dedup file's is index 0's).
 pub(crate) fn header(index: u64) -> [u8; HEADER_BYTES as usize] {
     let mut header = [0u8; HEADER_BYTES as usize];
@@ -166,6 +233,12 @@ pub(crate) fn may_reuse(last: u64, next: u64) -> bool {
 /// [`recycle`] does with a settled one.
 pub(crate) fn reuse_free(dir: &Path, from: u64, to: u64) -> io::Result<File> {
     reuse(dir, &free_path(dir, from), to)
+}
+
+/// Makes blank segment `number` ([`make_blank`]) into segment `to`, as
+/// [`recycle`] does with a settled one.
+pub(crate) fn reuse_blank(dir: &Path, number: u64, to: u64) -> io::Result<File> {
+    reuse(dir, &blank_path(dir, number), to)
 }
 
 fn reuse(dir: &Path, from: &Path, to: u64) -> io::Result<File> {

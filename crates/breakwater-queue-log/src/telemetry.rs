@@ -10,3 +10,7 @@ pub const QUEUE_SEGMENTS_RECLAIMED: &str = "breakwater_queue_segments_reclaimed_
 /// Segments made from settled ones (recycled at once, or kept free and
 /// reused later) instead of zero-filled.
 pub const QUEUE_SEGMENTS_RECYCLED: &str = "breakwater_queue_segments_recycled_total";
+
+/// Blank segments zero-filled ahead while the writer idled
+/// ([`crate::blanks`]).
+pub const QUEUE_SEGMENTS_MADE_AHEAD: &str = "breakwater_queue_segments_made_ahead_total";

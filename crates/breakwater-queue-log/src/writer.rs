@@ -44,6 +44,7 @@ use breakwater_queue_embedded::writer::{Finish, LINGER, LINGER_BELOW, drain, fin
 use rusqlite::Connection;
 use tokio::sync::mpsc;
 
+use crate::blanks::Blanks;
 use crate::dedup_file::DedupFile;
 use crate::disk::GroupDisk;
 use crate::dlq::{self, NewDead};
@@ -196,6 +197,8 @@ pub(crate) struct Writer {
     spare: Option<(u64, Spare)>,
     /// Settled segments kept for reuse, by their last index, oldest first.
     free: Vec<u64>,
+    /// Blank segments made ahead while the writer idles.
+    blanks: Blanks,
     /// Where the writer is, for pacing the next segment's zeros.
     progress: Arc<WriterProgress>,
     dlq: Connection,
@@ -299,6 +302,11 @@ impl Writer {
                 .map(|f| (s, Spare::Ready(f)))
         });
         let free = keep_free(&settings, current);
+        let blanks = Blanks::open(
+            &settings.dir,
+            settings.segment_bytes,
+            settings.free_segments.saturating_sub(free.len()),
+        );
         let mut writer = Self {
             settings,
             index,
@@ -312,6 +320,7 @@ impl Writer {
             },
             spare,
             free,
+            blanks,
             progress: Arc::default(),
             dlq,
             dlq_count,
@@ -327,6 +336,7 @@ impl Writer {
     pub(crate) fn run(mut self, mut rx: mpsc::Receiver<Op>) {
         let max_batch = self.settings.max_batch;
         let mut batch: Vec<Op> = Vec::with_capacity(max_batch);
+        self.top_up_blanks();
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
             drain(&mut rx, &mut batch, max_batch);
@@ -348,6 +358,7 @@ impl Writer {
             let committed = started.elapsed();
             self.prepare_spare_when_due();
             self.reclaim();
+            self.top_up_blanks();
             if Instant::now() >= self.next_prune {
                 self.index.prune(now_ms());
                 self.next_prune = Instant::now() + PRUNE_EVERY;
@@ -369,6 +380,7 @@ impl Writer {
         self.commit();
         // The next owner may open the store once this thread lets go of
         // the lock: a segment still being made would look cut short to it.
+        self.blanks.stop();
         if let Some((_, Spare::Making(handle))) = self.spare.take() {
             let _ = handle.join();
         }
@@ -793,8 +805,9 @@ impl Writer {
     /// sync behind 64 MiB of zeros (a first webhook took over 1 s so on a
     /// busy machine).
     ///
-    /// A free segment, when there is one, becomes the spare instead:
-    /// renamed and its header rewritten, no zeros written.
+    /// A free segment, when there is one, becomes the spare instead, or
+    /// else a blank one ([`crate::blanks`]): renamed and its header
+    /// rewritten, no zeros written.
     fn prepare_spare_when_due(&mut self) {
         if self.spare.is_some() || self.group.start < self.size / 4 {
             return;
@@ -821,6 +834,19 @@ impl Writer {
                     tracing::warn!(error = %e, free, "cannot reuse a free queue segment; deleting it");
                     let _ = std::fs::remove_file(segment::path(&dir, next));
                     let _ = std::fs::remove_file(segment::free_path(&dir, free));
+                }
+            }
+        }
+        while let Some(blank) = self.blanks.take() {
+            match segment::reuse_blank(&dir, blank, next) {
+                Ok(f) => {
+                    self.spare = Some((next, Spare::Ready(f)));
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, blank, "cannot use a blank queue segment; deleting it");
+                    let _ = std::fs::remove_file(segment::path(&dir, next));
+                    let _ = std::fs::remove_file(segment::blank_path(&dir, blank));
                 }
             }
         }
@@ -982,7 +1008,7 @@ impl Writer {
                     tracing::warn!(error = %e, segment = oldest, "cannot recycle a reclaimed segment; deleting it");
                 }
             }
-        } else if full_size && self.free.len() < self.settings.free_segments {
+        } else if full_size && self.free.len() + self.blanks.len() < self.settings.free_segments {
             match segment::retire(&dir, oldest) {
                 Ok(()) => {
                     // Newest last: the next roll takes the one whose
@@ -1001,6 +1027,13 @@ impl Writer {
             }
             _ => {}
         }
+    }
+
+    /// Has blank segments made while the writer idles, so that free and
+    /// blank ones together number `free_segments`.
+    fn top_up_blanks(&mut self) {
+        let want = self.settings.free_segments.saturating_sub(self.free.len());
+        self.blanks.top_up(want, &self.progress);
     }
 
     /// Reclaims the oldest segments while nothing in them is live.

@@ -189,8 +189,22 @@ impl Tmpfs {
 }
 
 impl Drop for Tmpfs {
+    /// Unmounts, waiting a little for the store's threads (which a dropped
+    /// queue lets finish on their own) to let go of their files.
     fn drop(&mut self) {
+        for _ in 0..50 {
+            let unmounted = std::process::Command::new("umount")
+                .arg(self.0.path())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if unmounted {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = std::process::Command::new("umount")
+            .arg("-l")
             .arg(self.0.path())
             .status();
     }

@@ -137,15 +137,15 @@ async fn a_recycling_cut_short_before_the_new_header_is_dropped_at_start() {
     assert!(!newest.exists(), "the cut-short segment is deleted");
 }
 
-/// Every file of the store that holds or held a segment (`segment-` and
-/// `free-`), by inode and creation time.
+/// Every file of the store that holds or held a segment or may become one
+/// (`segment-`, `free-` and `blank-`), by inode and creation time.
 fn files_ever(dir: &Path) -> BTreeSet<(u64, std::time::SystemTime)> {
     std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry"))
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            name.starts_with("segment-") || name.starts_with("free-")
+            name.starts_with("segment-") || name.starts_with("free-") || name.starts_with("blank-")
         })
         .map(|e| {
             let meta = e.metadata().expect("metadata");
@@ -161,14 +161,20 @@ fn assert_no_file_made(dir: &Path, before: &BTreeSet<(u64, std::time::SystemTime
     assert!(made.is_empty(), "new segment files {when}: {made:?}");
 }
 
-fn free_files(dir: &Path) -> usize {
+/// The files in `dir` whose names start with `prefix`.
+fn files_named(dir: &Path, prefix: &str) -> usize {
     std::fs::read_dir(dir)
         .expect("read dir")
         .filter(|e| {
             e.as_ref()
-                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("free-"))
+                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with(prefix))
         })
         .count()
+}
+
+/// The segments kept for the next rolls: free (settled) and blank.
+fn ready_files(dir: &Path) -> usize {
+    files_named(dir, "free-") + files_named(dir, "blank-")
 }
 
 /// Enqueues `events` and leaves them queued.
@@ -195,32 +201,36 @@ async fn drained(free_segments: usize) -> (tempfile::TempDir, LogConfig, LogQueu
 async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
     let (dir, config, q) = drained(4).await;
     assert_eq!(
-        free_files(dir.path()),
+        ready_files(dir.path()),
         4,
         "the drained segments past the spare are kept free, up to free_segments"
+    );
+    assert!(
+        files_named(dir.path(), "free-") > 0,
+        "drained ones among them"
     );
     let before = files_ever(dir.path());
 
     // A burst of about three segments: the spare and the free ones take
     // it, no segment is made anew.
     enqueue(&q, 1000..1170).await;
-    assert!(free_files(dir.path()) < 4, "the burst took free segments");
+    assert!(ready_files(dir.path()) < 4, "the burst took free segments");
     assert_no_file_made(dir.path(), &before, "during the burst");
     drop(q);
 
     // After a restart the rest are still free, and reused in turn.
-    let free_left = free_files(dir.path());
+    let free_left = ready_files(dir.path());
     let q = open(&config).await;
     let live: BTreeSet<String> = (1000..1170).map(|i| format!("e{i}")).collect();
     assert_eq!(queued(&q).await, live, "after a restart: only what is live");
     assert_eq!(
-        free_files(dir.path()),
+        ready_files(dir.path()),
         free_left,
         "free segments survive a restart"
     );
     enqueue(&q, 2000..2060).await;
     assert!(
-        free_files(dir.path()) < free_left,
+        ready_files(dir.path()) < free_left,
         "reused after the restart"
     );
     assert_no_file_made(dir.path(), &before, "after the restart");
@@ -230,10 +240,48 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_free_segments_drained_ones_are_deleted() {
     let (dir, _config, _q) = drained(0).await;
-    assert_eq!(free_files(dir.path()), 0);
+    assert_eq!(ready_files(dir.path()), 0, "none kept, none made blank");
     assert!(
         segments(dir.path()).len() <= 3,
         "{:?}",
         segments(dir.path())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_store_makes_blank_segments_while_idle_and_a_burst_writes_into_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = LogConfig {
+        free_segments: 3,
+        ..config(dir.path())
+    };
+    let q = open(&config).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while files_named(dir.path(), "blank-") < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        files_named(dir.path(), "blank-"),
+        3,
+        "an idle store zero-fills free_segments blank segments ahead"
+    );
+    let before = files_ever(dir.path());
+
+    // A burst of about three segments: the blanks take it, no segment is
+    // zero-filled during it.
+    enqueue(&q, 0..170).await;
+    assert!(
+        files_named(dir.path(), "blank-") < 3,
+        "the burst took blank segments"
+    );
+    assert_no_file_made(dir.path(), &before, "during the burst");
+    drop(q);
+
+    let q = open(&config).await;
+    let live: BTreeSet<String> = (0..170).map(|i| format!("e{i}")).collect();
+    assert_eq!(
+        queued(&q).await,
+        live,
+        "after a restart: every webhook, once"
     );
 }
