@@ -170,6 +170,12 @@ pub struct LabArgs {
     /// database; 0 (the UPDATE alone) elsewhere. `--sink db` only.
     #[arg(long, value_name = "ROWS")]
     pub statement_rows: Option<u64>,
+    /// The breaker's slow-call threshold in every mode
+    /// (`breaker.slow_calls.slow_ms`; default the breaker's own, 5,000).
+    /// A tighter one, as a deployment with a latency target sets, shows
+    /// which modes push the database's latency past it and trip.
+    #[arg(long, value_name = "MS")]
+    pub slow_call_ms: Option<u64>,
     /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
     /// the naive consumer keeps its 20, fixed mode its 16 workers.
     #[arg(long, default_value_t = 64)]
@@ -364,14 +370,16 @@ fn mode_config(
     sink_url: String,
     forward: Option<String>,
     queue_dir: std::path::PathBuf,
-    pool_max: usize,
-    statement_rows: u64,
+    args: &LabArgs,
 ) -> Config {
     let mut c = crate::bench::bench_config(&queue_dir);
     c.sink.url = sink_url;
     c.sink.pool_max = 20;
+    if let Some(ms) = args.slow_call_ms {
+        c.breaker.slow_calls.slow_ms = ms;
+    }
     match mode {
-        Mode::Breakwater => c.sink.pool_max = pool_max,
+        Mode::Breakwater => c.sink.pool_max = args.pool_max,
         Mode::Fixed => c.breaker.limiter.enabled = false,
         Mode::Naive => {}
     }
@@ -397,7 +405,7 @@ fn mode_config(
             });
         }
         None => c.sources[0].statements.push(StatementConfig {
-            sql: update_sql(statement_rows),
+            sql: update_sql(args.statement_rows()),
             params: [("status".to_owned(), "json:/data/object/status".to_owned())].into(),
         }),
     }
@@ -466,8 +474,7 @@ async fn wire(
                 sink_url,
                 None,
                 queue_dir.to_owned(),
-                args.pool_max,
-                args.statement_rows(),
+                args,
             );
             (proxy, config)
         }
@@ -480,8 +487,7 @@ async fn wire(
                 unused_db,
                 Some(forward),
                 queue_dir.to_owned(),
-                args.pool_max,
-                0,
+                args,
             );
             (proxy, config)
         }
@@ -847,6 +853,21 @@ mod tests {
                 && heavy.contains("generate_series(1, 80000)"),
             "{heavy}"
         );
+    }
+
+    #[test]
+    fn a_slow_call_threshold_applies_to_every_mode_and_defaults_to_the_breakers() {
+        let tight = args(&["overload", "--slow-call-ms", "120"]);
+        let default = args(&["overload"]);
+        for mode in [super::Mode::Naive, super::Mode::Fixed, super::Mode::Breakwater] {
+            let config = |a| super::mode_config(mode, String::new(), None, "q".into(), a);
+            assert_eq!(config(&tight).breaker.slow_calls.slow_ms, 120, "{mode:?}");
+            assert_eq!(
+                config(&default).breaker.slow_calls.slow_ms,
+                breakwater_control::config::SlowCallConfig::default().slow_ms,
+                "{mode:?}"
+            );
+        }
     }
 
     #[test]
