@@ -15,10 +15,12 @@ pub struct LogConfig {
     /// Size of each segment file, preallocated when it is created. A
     /// webhook larger than a segment gets a segment of its own size.
     pub segment_bytes: u64,
-    /// Most settled segments kept on disk (as `free-<index>.log`) to be
-    /// reused as new ones instead of writing a new segment's zeros: a burst
-    /// after a drain then costs the disk no zeros. They hold up to this
-    /// many segments of the space the queue once grew to.
+    /// Most segments kept ready for the next rolls, so a burst writes no
+    /// zeros until they run out: settled ones kept on disk
+    /// (`free-<index>.log`) and, while there are fewer, blank ones
+    /// zero-filled while the writer idles (`blank-<n>.log`). They hold up
+    /// to this many segments of disk beyond what the queue holds; 0 keeps
+    /// and makes none.
     pub free_segments: usize,
     /// How long an applied event id is remembered to answer redeliveries
     /// with 200 instead of queuing them twice, in seconds.

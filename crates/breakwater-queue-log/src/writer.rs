@@ -13,14 +13,16 @@
 //! the dedup file (synced) and the segment is recycled as the next one
 //! when there is no spare yet (renamed, a new header: no zeros written),
 //! else kept as a free segment (`free-<index>.log`, up to
-//! `free_segments` of them) for a later roll, else deleted. A burst after
-//! a drain then writes no zeros until the free ones run out. When the oldest
+//! `free_segments` of them with the blank ones) for a later roll, else
+//! deleted. While fewer are kept, blank segments are zero-filled ahead
+//! while the writer idles ([`crate::blanks`]). A burst after a drain, or
+//! after an idle moment, then writes no zeros until those run out. When the oldest
 //! holds only a little (a quarter of a segment or less), its live
 //! messages are copied forward as carry records into the current one, a
 //! few hundred per group, so a parked or delayed straggler never pins a
 //! segment.
 //!
-//! Without a recycled or free one, the next segment is created
+//! Without a recycled, free or blank one, the next segment is created
 //! (zero-filled, synced) on a thread of its own while the current one
 //! fills, so a roll costs the writer no more than a rename would; its
 //! zeros are paced to end in about half the time the current segment
@@ -129,7 +131,7 @@ pub(crate) struct Settings {
     pub disk: Arc<dyn GroupDisk>,
     pub max_batch: usize,
     pub segment_bytes: u64,
-    /// Most settled segments kept free for reuse.
+    /// Most segments kept ready: settled ones kept free and blank ones.
     pub free_segments: usize,
 }
 
