@@ -469,26 +469,14 @@ async fn wire(
                 db.app_name,
                 db.schema
             );
-            let config = mode_config(
-                mode,
-                sink_url,
-                None,
-                queue_dir.to_owned(),
-                args,
-            );
+            let config = mode_config(mode, sink_url, None, queue_dir.to_owned(), args);
             (proxy, config)
         }
         Dependency::Service { service, .. } => {
             let proxy = FaultProxy::start(local, service.addr()).await?;
             let unused_db = format!("sqlite://{}", queue_dir.join("unused-sink.db").display());
             let forward = format!("http://{}/hooks", proxy.local_addr());
-            let config = mode_config(
-                mode,
-                unused_db,
-                Some(forward),
-                queue_dir.to_owned(),
-                args,
-            );
+            let config = mode_config(mode, unused_db, Some(forward), queue_dir.to_owned(), args);
             (proxy, config)
         }
     })
@@ -859,7 +847,11 @@ mod tests {
     fn a_slow_call_threshold_applies_to_every_mode_and_defaults_to_the_breakers() {
         let tight = args(&["overload", "--slow-call-ms", "120"]);
         let default = args(&["overload"]);
-        for mode in [super::Mode::Naive, super::Mode::Fixed, super::Mode::Breakwater] {
+        for mode in [
+            super::Mode::Naive,
+            super::Mode::Fixed,
+            super::Mode::Breakwater,
+        ] {
             let config = |a| super::mode_config(mode, String::new(), None, "q".into(), a);
             assert_eq!(config(&tight).breaker.slow_calls.slow_ms, 120, "{mode:?}");
             assert_eq!(
