@@ -201,13 +201,25 @@ impl<A: ProbeAdmission> Breaker<A> {
         now: Instant,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
-        let initial = GateSnapshot::closed(config.max_concurrency);
         let limiter_cfg = crate::config::LimiterConfig {
             max_concurrency: config.limiter.ceiling(config.max_concurrency),
             ..config.limiter.clone()
         };
+        let limiter = Limiter::new(
+            limiter_cfg,
+            config.limiter.initial(config.max_concurrency),
+            0,
+        )
+        .slow_start(config.max_concurrency);
+        // What `publish` would say: the limiter's start when it sets the
+        // limit, else the fixed one.
+        let initial = GateSnapshot::closed(if config.limiter.enabled && !config.dry_run {
+            limiter.limit()
+        } else {
+            config.max_concurrency
+        });
         Ok(Self {
-            limiter: Limiter::new(limiter_cfg, config.max_concurrency, 0),
+            limiter,
             outcomes: OutcomeSignals::new(&config.failure_ratio, &config.slow_calls),
             queue: QueueSignals::new(&config.dlq, &config.in_flight),
             lock_wait: LockWaitSignal::new(&config.lock_wait),

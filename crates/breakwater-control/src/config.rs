@@ -408,8 +408,8 @@ impl Default for DbLockWaitersConfig {
 
 /// The adaptive concurrency limiter (see [`crate::limiter`]): while the
 /// breaker is closed, the limit moves between `min_concurrency` and
-/// `max_concurrency` with the applies' latencies, starting from the
-/// breaker's `max_concurrency`.
+/// `max_concurrency` with the applies' latencies, starting from
+/// `initial_concurrency`.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(
     feature = "serde",
@@ -419,6 +419,16 @@ impl Default for DbLockWaitersConfig {
 pub struct LimiterConfig {
     /// Off: the closed limit is the breaker's `max_concurrency`, fixed.
     pub enabled: bool,
+    /// The limit when the service starts, in slow start (doubling each
+    /// window whose latency does not rise, up to the breaker's
+    /// `max_concurrency`), clamped into the floor and the ceiling; 0 (the
+    /// default) = the breaker's `max_concurrency`, no slow start. A
+    /// database already saturated at start then gets this many sessions
+    /// while the first windows learn its latency, which keeps a tight
+    /// `slow_calls.slow_ms` from tripping at start; it costs a drain's
+    /// first seconds (`bench drain`: 89% of pgbench from 4, 114-140%
+    /// from 16).
+    pub initial_concurrency: u32,
     /// The floor.
     pub min_concurrency: u32,
     /// The ceiling; 0 = the breaker's `max_concurrency` (the limiter then
@@ -440,6 +450,7 @@ impl Default for LimiterConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            initial_concurrency: 0,
             min_concurrency: 1,
             max_concurrency: 0,
             window_ms: 250,
@@ -451,6 +462,16 @@ impl Default for LimiterConfig {
 }
 
 impl LimiterConfig {
+    /// The limit at start, with 0 read as `breaker_max` (the limiter
+    /// clamps it into its bounds).
+    pub fn initial(&self, breaker_max: u32) -> u32 {
+        if self.initial_concurrency == 0 {
+            breaker_max
+        } else {
+            self.initial_concurrency
+        }
+    }
+
     /// The ceiling, with 0 read as `breaker_max`.
     pub fn ceiling(&self, breaker_max: u32) -> u32 {
         if self.max_concurrency == 0 {

@@ -34,6 +34,12 @@
 //!
 //! always within `[min_concurrency, max_concurrency]`.
 //!
+//! **Slow start.** From the service's start ([`Limiter::slow_start`]) until
+//! the limit reaches the breaker's `max_concurrency`, a window whose
+//! latency is under `tolerance x baseline + slack` (not rising) doubles
+//! the limit instead (reason `slow_start`); the first window with
+//! failures or a rising latency ends it, and the rule above takes over.
+//!
 //! Why this shape (ARCHITECTURE.md has the longer comparison): it is
 //! Vegas's question (is there a queue in the dependency?) asked the way
 //! Gradient2 asks it (a latency ratio against a tolerance, moving the limit
@@ -46,6 +52,12 @@
 //! keeps loopback jitter (1 ms against 3 ms) from looking like a queue.
 //!
 //! # Hand-over with the breaker
+//!
+//! The service starts the limiter at `initial_concurrency` (4), not at
+//! the breaker's full limit, in slow start: a database already saturated
+//! at start gets a few sessions while the first windows learn its
+//! latency, and a healthy one has the breaker's full limit within a few
+//! windows (4, 8, 16).
 //!
 //! The breaker owns the limit outside `Closed` (open: 0, half-open: the
 //! probes, ramping: the ramp's steps). On reaching `Closed` it hands the
@@ -79,6 +91,8 @@ pub enum LimitReason {
     LatencyRising,
     /// The limit was in use and latency stayed at the baseline.
     LatencyAtBaseline,
+    /// Slow start: the limit was in use and latency did not rise.
+    SlowStart,
 }
 
 impl LimitReason {
@@ -89,6 +103,7 @@ impl LimitReason {
             Self::Failures => "failures",
             Self::LatencyRising => "latency_rising",
             Self::LatencyAtBaseline => "latency_at_baseline",
+            Self::SlowStart => "slow_start",
         }
     }
 }
@@ -127,6 +142,10 @@ impl std::fmt::Display for LimitChange {
             (LimitReason::LatencyAtBaseline, Some(l), Some(b)) => {
                 write!(f, "in use, latency {l:.1} ms at the baseline of {b:.1} ms")
             }
+            (LimitReason::SlowStart, Some(l), Some(b)) => write!(
+                f,
+                "slow start, in use, latency {l:.1} ms not rising over the baseline of {b:.1} ms"
+            ),
             (reason, ..) => f.write_str(reason.as_str()),
         }
     }
@@ -188,6 +207,8 @@ pub struct Limiter {
     baseline: Option<Duration>,
     latency: Option<Duration>,
     last_change: Option<(u64, LimitChange)>,
+    /// In slow start: the limit up to which it doubles.
+    slow_start_to: Option<f64>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -206,10 +227,20 @@ impl Limiter {
             baseline: None,
             latency: None,
             last_change: None,
+            slow_start_to: None,
             cfg,
         };
         l.limit = l.clamp(f64::from(start));
         l
+    }
+
+    /// In slow start up to `up_to` (clamped into its bounds): each window
+    /// whose latency does not rise doubles the limit until then.
+    #[must_use]
+    pub fn slow_start(mut self, up_to: u32) -> Self {
+        let to = self.clamp(f64::from(up_to));
+        self.slow_start_to = (to > self.limit).then_some(to);
+        self
     }
 
     fn clamp(&self, limit: f64) -> f64 {
@@ -234,6 +265,7 @@ impl Limiter {
     /// judged until [`Limiter::resume`].
     pub fn pause(&mut self) {
         self.active = false;
+        self.slow_start_to = None;
     }
 
     /// The breaker is `Closed` again, at `limit` (the ramp's last step):
@@ -316,7 +348,14 @@ impl Limiter {
             let high = tolerance * ms(base) + slack;
             let low = (1.0 + (tolerance - 1.0) / 2.0) * ms(base) + slack;
             let mean = ms(latency);
-            if mean > high {
+            if let Some(to) = self.slow_start_to
+                && mean <= high
+            {
+                if self.limit * 2.0 >= to {
+                    self.slow_start_to = None;
+                }
+                ((self.limit * 2.0).min(to), LimitReason::SlowStart)
+            } else if mean > high {
                 let cut = (high / mean).clamp(MOST_CUT, LEAST_CUT);
                 (self.limit * cut, LimitReason::LatencyRising)
             } else if mean <= low {
@@ -328,10 +367,15 @@ impl Limiter {
                 return None;
             }
         };
-        // A cut always takes at least one off, so a small limit still moves.
-        let limit = if reason == LimitReason::LatencyAtBaseline {
+        // A cut always takes at least one off, so a small limit still moves;
+        // it also ends a slow start.
+        let limit = if matches!(
+            reason,
+            LimitReason::LatencyAtBaseline | LimitReason::SlowStart
+        ) {
             limit
         } else {
+            self.slow_start_to = None;
             limit.min(self.limit - 1.0)
         };
         self.limit = self.clamp(limit);
@@ -379,6 +423,7 @@ mod tests {
     fn cfg() -> LimiterConfig {
         LimiterConfig {
             enabled: true,
+            initial_concurrency: 0,
             min_concurrency: 2,
             max_concurrency: 64,
             window_ms: 250,
@@ -401,6 +446,64 @@ mod tests {
     /// Calls whose latencies sum to `in_use` x 250 ms.
     fn calls_for(in_use: f64, latency: Duration) -> u32 {
         ((in_use * 250.0) / ms(latency)).ceil().max(10.0) as u32
+    }
+
+    /// The reason of the last move.
+    fn last_reason(l: &Limiter, t: u64) -> Option<LimitReason> {
+        l.status(t).last_change.map(|c| c.reason)
+    }
+
+    #[test]
+    fn slow_start_doubles_up_to_its_end_then_the_rule_takes_over() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 4, t).slow_start(16);
+        let calm = Duration::from_millis(10);
+        for expected in [8, 16] {
+            let n = calls_for(f64::from(l.limit()), calm);
+            window(&mut l, &mut t, n, calm, 0);
+            assert_eq!(l.limit(), expected);
+            assert_eq!(last_reason(&l, t), Some(LimitReason::SlowStart));
+        }
+        let n = calls_for(16.0, calm);
+        window(&mut l, &mut t, n, calm, 0);
+        assert_eq!(l.limit(), 20, "16 + sqrt(16): slow start is over");
+        assert_eq!(last_reason(&l, t), Some(LimitReason::LatencyAtBaseline));
+    }
+
+    #[test]
+    fn a_rising_latency_ends_slow_start_with_a_cut() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 4, t).slow_start(16);
+        let calm = Duration::from_millis(10);
+        window(&mut l, &mut t, calls_for(4.0, calm), calm, 0);
+        assert_eq!(l.limit(), 8);
+        let queued = Duration::from_millis(40);
+        window(&mut l, &mut t, calls_for(8.0, queued), queued, 0);
+        assert!(l.limit() < 8, "{}", l.limit());
+        assert_eq!(last_reason(&l, t), Some(LimitReason::LatencyRising));
+        // Calm again: the rule's sqrt steps, no more doubling.
+        let before = l.status(t).limit;
+        window(&mut l, &mut t, calls_for(f64::from(before), calm), calm, 0);
+        assert_eq!(last_reason(&l, t), Some(LimitReason::LatencyAtBaseline));
+        assert!(l.limit() < before * 2, "{before} -> {}", l.limit());
+    }
+
+    #[test]
+    fn a_slow_start_does_not_outlive_a_pause_nor_go_past_its_end() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 4, t).slow_start(16);
+        l.pause();
+        let _ = l.resume(4, t);
+        let calm = Duration::from_millis(10);
+        window(&mut l, &mut t, calls_for(4.0, calm), calm, 0);
+        assert_eq!(last_reason(&l, t), Some(LimitReason::LatencyAtBaseline));
+        assert_eq!(l.limit(), 6, "4 + sqrt(4)");
+
+        let mut l = Limiter::new(cfg(), 12, t).slow_start(16);
+        window(&mut l, &mut t, calls_for(12.0, calm), calm, 0);
+        assert_eq!(l.limit(), 16, "doubling stops at the end");
+        let no_slow_start = Limiter::new(cfg(), 16, t).slow_start(16);
+        assert_eq!(no_slow_start.slow_start_to, None, "already there");
     }
 
     #[test]

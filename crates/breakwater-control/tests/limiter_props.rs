@@ -17,6 +17,7 @@ fn config() -> impl Strategy<Value = LimiterConfig> {
     (1u32..20, 1u32..200, 1.2f64..4.0, 0u64..10).prop_map(|(floor, span, tolerance, slack)| {
         LimiterConfig {
             enabled: true,
+            initial_concurrency: 0,
             min_concurrency: floor,
             max_concurrency: floor + span,
             window_ms: WINDOW_MS,
@@ -127,6 +128,7 @@ proptest! {
         // the fastest call still takes one service time.
         let cfg = LimiterConfig {
             enabled: true,
+            initial_concurrency: 0,
             min_concurrency: 1,
             max_concurrency: 200,
             window_ms: WINDOW_MS,

@@ -49,7 +49,7 @@ pub const BREAKER_STATE: &str = "breakwater_breaker_state";
 /// while closed).
 pub const BREAKER_LIMIT: &str = "breakwater_concurrency_limit";
 /// Moves of the adaptive limiter, by `reason` (`failures`,
-/// `latency_rising`, `latency_at_baseline`, `resumed`).
+/// `latency_rising`, `latency_at_baseline`, `slow_start`, `resumed`).
 pub const LIMITER_CHANGES: &str = "breakwater_limiter_changes_total";
 /// Breaker transitions, by `to` and `reason` (the reason's kind).
 pub const BREAKER_TRANSITIONS: &str = "breakwater_breaker_transitions_total";

@@ -108,12 +108,30 @@ impl H {
 }
 
 #[test]
-fn starts_closed_at_full_limit() {
-    let h = H::new(cfg());
+fn starts_closed_at_the_limiters_initial_limit() {
+    let mut c = cfg();
+    c.limiter.initial_concurrency = 4;
+    let h = H::new(c);
     let g = h.b.gate();
-    assert_eq!(g, GateSnapshot::closed(100));
+    assert_eq!(g, GateSnapshot::closed(4), "limiter.initial_concurrency");
     assert_eq!(h.b.shared_gate().load(), g);
     assert_eq!(h.b.state(), State::Closed);
+    assert_eq!(h.b.status(h.now).limiter.map(|l| l.limit), Some(4));
+}
+
+#[test]
+fn starts_at_full_limit_with_no_initial_limit_the_limiter_off_or_in_dry_run() {
+    let mut off = cfg();
+    off.limiter.enabled = false;
+    off.limiter.initial_concurrency = 4;
+    let mut dry = cfg();
+    dry.dry_run = true;
+    dry.limiter.initial_concurrency = 4;
+    for c in [cfg(), off, dry] {
+        let h = H::new(c);
+        assert_eq!(h.b.gate(), GateSnapshot::closed(100));
+        assert_eq!(h.b.shared_gate().load(), h.b.gate());
+    }
 }
 
 #[test]

@@ -176,6 +176,11 @@ pub struct LabArgs {
     /// which modes push the database's latency past it and trip.
     #[arg(long, value_name = "MS")]
     pub slow_call_ms: Option<u64>,
+    /// Breakwater mode's limiter starts here, in slow start
+    /// (`breaker.limiter.initial_concurrency`; default 0: at the breaker's
+    /// 16).
+    #[arg(long, value_name = "N")]
+    pub initial_concurrency: Option<u32>,
     /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
     /// the naive consumer keeps its 20, fixed mode its 16 workers.
     #[arg(long, default_value_t = 64)]
@@ -379,7 +384,12 @@ fn mode_config(
         c.breaker.slow_calls.slow_ms = ms;
     }
     match mode {
-        Mode::Breakwater => c.sink.pool_max = args.pool_max,
+        Mode::Breakwater => {
+            c.sink.pool_max = args.pool_max;
+            if let Some(n) = args.initial_concurrency {
+                c.breaker.limiter.initial_concurrency = n;
+            }
+        }
         Mode::Fixed => c.breaker.limiter.enabled = false,
         Mode::Naive => {}
     }
@@ -844,8 +854,14 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_call_threshold_applies_to_every_mode_and_defaults_to_the_breakers() {
-        let tight = args(&["overload", "--slow-call-ms", "120"]);
+    fn a_slow_call_threshold_applies_to_every_mode_and_an_initial_limit_to_breakwaters() {
+        let tight = args(&[
+            "overload",
+            "--slow-call-ms",
+            "120",
+            "--initial-concurrency",
+            "4",
+        ]);
         let default = args(&["overload"]);
         for mode in [
             super::Mode::Naive,
@@ -857,6 +873,16 @@ mod tests {
             assert_eq!(
                 config(&default).breaker.slow_calls.slow_ms,
                 breakwater_control::config::SlowCallConfig::default().slow_ms,
+                "{mode:?}"
+            );
+            let initial = config(&tight).breaker.limiter.initial_concurrency;
+            assert_eq!(
+                initial,
+                if mode == super::Mode::Breakwater {
+                    4
+                } else {
+                    0
+                },
                 "{mode:?}"
             );
         }

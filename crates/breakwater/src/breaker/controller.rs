@@ -421,6 +421,7 @@ impl Controller {
             LimitReason::Failures,
             LimitReason::LatencyRising,
             LimitReason::LatencyAtBaseline,
+            LimitReason::SlowStart,
         ] {
             metrics::counter!(telemetry::LIMITER_CHANGES, "reason" => reason.as_str()).increment(0);
         }
