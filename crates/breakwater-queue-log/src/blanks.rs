@@ -34,7 +34,7 @@ use crate::{segment, telemetry};
 /// How long the writer must have written nothing before a chunk of a
 /// blank is written: longer than the gap between groups under any steady
 /// load worth the name (150 webhooks/s makes a group every 7 ms).
-pub(crate) const IDLE: Duration = Duration::from_millis(50);
+const IDLE: Duration = Duration::from_millis(50);
 
 /// The wait after a failed attempt (the disk full, say) before the next.
 const RETRY_AFTER: Duration = Duration::from_secs(60);

@@ -16,8 +16,8 @@
 //! `free_segments` of them with the blank ones) for a later roll, else
 //! deleted. While fewer are kept, blank segments are zero-filled ahead
 //! while the writer idles ([`crate::blanks`]). A burst after a drain, or
-//! after an idle moment, then writes no zeros until those run out. When the oldest
-//! holds only a little (a quarter of a segment or less), its live
+//! after an idle moment, then writes no zeros until those run out. When
+//! the oldest holds only a little (a quarter of a segment or less), its live
 //! messages are copied forward as carry records into the current one, a
 //! few hundred per group, so a parked or delayed straggler never pins a
 //! segment.
