@@ -101,7 +101,7 @@ phase() {
   echo "$ok"
 }
 
-declare -a ratios lean_bare appends
+declare -a ratios=() lean_bare=() appends=()
 order=(bare lean breakwater)
 [ "${APPEND:-0}" = 1 ] && order+=(append)
 n=${#order[@]}
