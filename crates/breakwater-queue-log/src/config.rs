@@ -18,9 +18,9 @@ pub struct LogConfig {
     /// Most segments kept ready for the next rolls, so a burst writes no
     /// zeros until they run out: settled ones kept on disk
     /// (`free-<index>.log`) and, while there are fewer, blank ones
-    /// zero-filled while the writer idles (`blank-<n>.log`). They hold up
-    /// to this many segments of disk beyond what the queue holds; 0 keeps
-    /// and makes none.
+    /// zero-filled while the writer idles (`blank-<n>.log`). They hold about
+    /// this many segments of disk beyond what the queue holds; 0 keeps and
+    /// makes none.
     pub free_segments: usize,
     /// How long an applied event id is remembered to answer redeliveries
     /// with 200 instead of queuing them twice, in seconds.
