@@ -11,7 +11,9 @@
 //! rewritten), which costs no writing at all; there the frames of its
 //! earlier life, salted with an older index, read as the end. A settled
 //! segment may also wait as `free-<index>.log` ([`retire`]) to be reused
-//! the same way later ([`reuse_free`]). Segments of the first format
+//! the same way later ([`reuse_free`]), and so may a blank one, zeros
+//! only, made ahead while the writer idles ([`make_blank`],
+//! [`reuse_blank`]). Segments of the first format
 //! (`BWQLOG01`, unsalted) are read as they are.
 //!
 //! [`scan`] reads one back. A frame that is cut short or fails its
@@ -137,21 +139,40 @@ pub(crate) fn create_paced(
         .create_new(true)
         .open(&path)?;
     file.write_all_at(&header(index), 0)?;
-    let mut at = HEADER_BYTES;
-    while at < size {
-        let started = Instant::now();
-        let to = (at + ZEROS as u64).min(size);
-        zero(&file, at, to)?;
-        file.sync_data()?;
-        at = to;
-        let wait = pace(started.elapsed(), (size - at).div_ceil(ZEROS as u64));
+    zero_synced(&file, HEADER_BYTES, size, |took, left| {
+        let wait = pace(took, left);
         if !wait.is_zero() {
             std::thread::sleep(wait);
         }
-    }
+        true
+    })?;
     file.sync_all()?;
     File::open(dir)?.sync_all()?;
     Ok(file)
+}
+
+/// Writes zeros over `[from, to)` of `file` a chunk ([`ZEROS`]) at a
+/// time, each synced. After each chunk but the last, asks `next(how long
+/// the chunk took, chunks left)` whether to go on; `Ok(false)` when it
+/// said no.
+fn zero_synced(
+    file: &File,
+    from: u64,
+    to: u64,
+    mut next: impl FnMut(Duration, u64) -> bool,
+) -> io::Result<bool> {
+    let mut at = from;
+    while at < to {
+        let started = Instant::now();
+        let end = (at + ZEROS as u64).min(to);
+        zero(file, at, end)?;
+        file.sync_data()?;
+        at = end;
+        if at < to && !next(started.elapsed(), (to - at).div_ceil(ZEROS as u64)) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Makes blank segment `number` of `size` bytes: zeros only, written and
@@ -174,15 +195,8 @@ pub(crate) fn make_blank(
             .write(true)
             .create_new(true)
             .open(&part)?;
-        let mut at = 0;
-        while at < size {
-            if !go_on() {
-                return Ok(false);
-            }
-            let to = (at + ZEROS as u64).min(size);
-            zero(&file, at, to)?;
-            file.sync_data()?;
-            at = to;
+        if !go_on() || !zero_synced(&file, 0, size, |_, _| go_on())? {
+            return Ok(false);
         }
         file.sync_all()?;
         std::fs::rename(&part, blank_path(dir, number))?;
