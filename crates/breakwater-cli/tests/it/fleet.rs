@@ -855,16 +855,20 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
             let c = crate::pg::connect("postgres").await;
             let mut samples = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let n: i64 = c
+                // How many wait on a lock, and on what (printed when more
+                // than one waits once the key is parked, to tell the hot
+                // row from, say, a duplicate waiting on the inbox).
+                let row = c
                     .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 \
-                         AND wait_event_type = 'Lock'",
+                        "SELECT count(*), coalesce(string_agg(wait_event || ': ' \
+                         || left(query, 80), ' | '), '') FROM pg_stat_activity \
+                         WHERE datname = $1 AND wait_event_type = 'Lock'",
                         &[&db],
                     )
                     .await
-                    .expect("pg_stat_activity")
-                    .get(0);
-                samples.push((Instant::now(), n));
+                    .expect("pg_stat_activity");
+                let (n, what): (i64, String) = (row.get(0), row.get(1));
+                samples.push((Instant::now(), n, what));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             samples
@@ -922,23 +926,28 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
     // (Once it is let go, each worker's next message of the key may meet
     // the others' on the free row for a few milliseconds: contention, not
     // the incident's lock.)
-    let samples: Vec<(Instant, i64)> = sampler
+    let samples: Vec<(Instant, i64, String)> = sampler
         .await
         .expect("sampler")
         .into_iter()
-        .filter(|(at, _)| *at >= lock_at && *at < unlock_at)
+        .filter(|(at, ..)| *at >= lock_at && *at < unlock_at)
         .collect();
-    let max_waiting = samples.iter().map(|(_, n)| *n).max().unwrap_or(0);
+    let max_waiting = samples.iter().map(|(_, n, _)| *n).max().unwrap_or(0);
     let over_one =
-        samples.iter().filter(|(_, n)| *n > 1).count() as f64 / samples.len().max(1) as f64;
+        samples.iter().filter(|(_, n, _)| *n > 1).count() as f64 / samples.len().max(1) as f64;
     // Once the first lock failures have parked the key (2 s into the lock).
     let settled = lock_at + Duration::from_secs(2);
     let crowded: Vec<String> = samples
         .iter()
-        .filter(|(_, n)| *n > 1)
-        .map(|(at, n)| {
+        .filter(|(_, n, _)| *n > 1)
+        .map(|(at, n, what)| {
+            let what = if *at >= settled {
+                format!(" ({what})")
+            } else {
+                String::new()
+            };
             format!(
-                "{n}@{:.2}s",
+                "{n}@{:.2}s{what}",
                 at.saturating_duration_since(lock_at).as_secs_f64()
             )
         })
@@ -951,8 +960,8 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
     }
     let max_waiting_settled = samples
         .iter()
-        .filter(|(at, _)| *at >= settled)
-        .map(|(_, n)| *n)
+        .filter(|(at, ..)| *at >= settled)
+        .map(|(_, n, _)| *n)
         .max()
         .unwrap_or(0);
     let lags: Vec<f64> =
