@@ -23,6 +23,12 @@ fn cfg() -> BreakerConfig {
             cap_ms: 300_000,
             jitter: 0.2,
         },
+        // At the full limit from the start, no slow start: the tests of
+        // the start say otherwise where they need to.
+        limiter: crate::config::LimiterConfig {
+            initial_concurrency: 0,
+            ..crate::config::LimiterConfig::default()
+        },
         ..BreakerConfig::default()
     }
 }

@@ -225,11 +225,17 @@ async fn drain(
     // The consumer ready first (a Kafka consumer takes seconds to join its
     // group): the figure is the drain, not the start.
     queue.start_consuming(Duration::from_secs(30)).await?;
+    // The breaker's tick, as `serve` runs it: without it the adaptive
+    // limiter would never judge a window and the drain would run at its
+    // starting limit.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ticks =
+        tokio::spawn(Arc::clone(&controller).run(Arc::clone(&queue), Arc::clone(&sink), stop_rx));
     let started = Instant::now();
     let workers = Workers::start(
         Arc::clone(&queue),
         sink,
-        controller,
+        Arc::clone(&controller),
         serve::worker_settings(config),
         breakwater::worker::ParkedKeys::default(),
     );
@@ -252,6 +258,17 @@ async fn drain(
     }
     let seconds = started.elapsed().as_secs_f64();
     workers.shutdown().await;
+    let _ = stop_tx.send(true);
+    let _ = ticks.await;
+    if let Some(limiter) = controller.status().limiter {
+        eprintln!(
+            "limiter at the end: {} (last move: {})",
+            limiter.limit,
+            limiter
+                .last_change
+                .map_or_else(|| "none".to_owned(), |c| c.to_string())
+        );
+    }
     Ok(seconds)
 }
 
