@@ -14,10 +14,19 @@
 //! `min_samples` finished calls (a quiet window that runs past ten times
 //! `window_ms` is dropped unjudged). From its calls:
 //!
-//! - `baseline`: the learned no-load latency, the fastest call of this
-//!   window and the one before (what a call costs with nothing queued in
-//!   front of it: the round trips and the work; one window of memory so a
-//!   window where every call queued does not teach a queue as the baseline);
+//! - `baseline`: the learned no-load latency (what a call costs with
+//!   nothing queued in front of it: the round trips and the work). A
+//!   faster call than the baseline lowers it at once. A slower baseline is
+//!   learned only in the window after a cut, and only if the cut did not
+//!   lower the mean latency (it fell by less than half the cut's factor):
+//!   then the calls are slow whatever the limit, the database moved far
+//!   away, and this window's fastest call is the new baseline. If the cut
+//!   did lower it, the latency was a queue of the limiter's own making
+//!   (a database whose CPU the applies share makes every call alike
+//!   slow, so the fastest call of a busy window is itself queued: taken
+//!   as the baseline, it let the limit climb to the ceiling with the
+//!   latency in tow, `lab overload` 4 -> 64 with the probe at 13 ms
+//!   against 0.7);
 //! - `latency`: the mean latency of the window's calls;
 //! - `in use`: the mean number of calls running, by Little's law the sum of
 //!   their latencies over the window's length.
@@ -43,21 +52,23 @@
 //! Why this shape (ARCHITECTURE.md has the longer comparison): it is
 //! Vegas's question (is there a queue in the dependency?) asked the way
 //! Gradient2 asks it (a latency ratio against a tolerance, moving the limit
-//! by that ratio), with the baseline taken from the fastest recent calls
-//! rather than a long average: a long average learns a far-away database
-//! only after tens of seconds of backing off, and learns an overloaded one
-//! as normal. A database that moved far away makes every call slow alike,
-//! so the fastest and the mean stay close and the limit rises; a database
-//! that queues spreads the calls out, and the limit falls. The `slack`
-//! keeps loopback jitter (1 ms against 3 ms) from looking like a queue.
+//! by that ratio), with the baseline taken from the fastest calls rather
+//! than a long average: a long average learns a far-away database only
+//! after tens of seconds of backing off, and learns an overloaded one as
+//! normal. Whether a slower latency is the database's new normal or a
+//! queue the limit made is asked the way BBR asks it of a path's round
+//! trip: by looking at fewer in flight. A cut is that look; a far-away
+//! database answers it with the same latency, one the applies queue in
+//! with a lower one. The `slack` keeps loopback jitter (1 ms against 3 ms)
+//! from looking like a queue.
 //!
 //! # Hand-over with the breaker
 //!
-//! The service starts the limiter at `initial_concurrency` (4), not at
-//! the breaker's full limit, in slow start: a database already saturated
-//! at start gets a few sessions while the first windows learn its
-//! latency, and a healthy one has the breaker's full limit within a few
-//! windows (4, 8, 16).
+//! The service starts the limiter at the breaker's full limit, or, with
+//! `initial_concurrency` set, there in slow start: a database already
+//! saturated at start gets a few sessions while the first windows learn
+//! its latency, and a healthy one busy enough to use the limit has the
+//! breaker's full limit within a few windows (4, 8, 16).
 //!
 //! The breaker owns the limit outside `Closed` (open: 0, half-open: the
 //! probes, ramping: the ramp's steps). On reaching `Closed` it hands the
@@ -202,9 +213,12 @@ pub struct Limiter {
     limit: f64,
     active: bool,
     window: Window,
-    /// The fastest call of the last judged window.
-    last_fastest: Option<Duration>,
+    /// The learned no-load latency: the fastest call seen, raised only by
+    /// a cut that did not lower the latency (see the module docs).
     baseline: Option<Duration>,
+    /// After a cut: the cut window's mean latency and the cut's factor
+    /// (new limit / old), for the next judged window to test.
+    after_cut: Option<(Duration, f64)>,
     latency: Option<Duration>,
     last_change: Option<(u64, LimitChange)>,
     /// In slow start: the limit up to which it doubles.
@@ -223,8 +237,8 @@ impl Limiter {
             limit: 0.0,
             active: true,
             window: Window::new(now_ms),
-            last_fastest: None,
             baseline: None,
+            after_cut: None,
             latency: None,
             last_change: None,
             slow_start_to: None,
@@ -273,7 +287,7 @@ impl Limiter {
     pub fn resume(&mut self, limit: u32, now_ms: u64) -> Option<LimitChange> {
         self.active = true;
         self.window = Window::new(now_ms);
-        self.last_fastest = None;
+        self.after_cut = None;
         let from = self.limit();
         self.limit = self.clamp(f64::from(limit));
         self.moved(
@@ -322,15 +336,9 @@ impl Limiter {
         }
         self.window = Window::new(now_ms);
         let latency = w.latency_sum / w.calls;
-        let baseline = match (w.fastest, self.last_fastest) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        self.last_fastest = w.fastest;
+        self.learn_baseline(w.fastest, latency);
+        let baseline = self.baseline;
         self.latency = Some(latency);
-        if baseline.is_some() {
-            self.baseline = baseline;
-        }
         // Little's law: the mean number of calls running in the window.
         let in_use = w.latency_sum.as_secs_f64() / (age as f64 / 1000.0);
         if in_use < self.limit / 2.0 {
@@ -378,7 +386,11 @@ impl Limiter {
             self.slow_start_to = None;
             limit.min(self.limit - 1.0)
         };
-        self.limit = self.clamp(limit);
+        let limit = self.clamp(limit);
+        if limit < self.limit {
+            self.after_cut = Some((latency, limit / self.limit));
+        }
+        self.limit = limit;
         self.moved(
             LimitChange {
                 from,
@@ -391,6 +403,22 @@ impl Limiter {
             },
             now_ms,
         )
+    }
+
+    /// Updates the baseline from a judged window's fastest call and mean
+    /// latency: a faster call lowers it at once; a slower one raises it
+    /// only in the window after a cut, and only if the cut did not lower
+    /// the latency (the mean fell by less than half the cut's factor).
+    fn learn_baseline(&mut self, fastest: Option<Duration>, latency: Duration) {
+        let after_cut = self.after_cut.take();
+        let Some(fastest) = fastest else { return };
+        let not_ours = after_cut.is_some_and(|(before, cut)| {
+            ms(latency) >= ms(before) * (1.0 + cut) / 2.0
+        });
+        self.baseline = Some(match self.baseline {
+            Some(b) if !not_ours => b.min(fastest),
+            _ => fastest,
+        });
     }
 
     /// `change`, remembered as the last move, if the published limit moved.
@@ -539,6 +567,53 @@ mod tests {
             c.to_string().contains("against a baseline of 2.0 ms"),
             "{c}"
         );
+    }
+
+    /// A database whose CPU the applies share: each call takes 1 ms plus
+    /// 3 ms for every call running beside it, all alike. The fastest call
+    /// of a busy window is then itself queued; taken as the baseline, it
+    /// would let the limit climb to the ceiling with the latency in tow.
+    #[test]
+    fn a_queue_of_its_own_making_does_not_teach_the_baseline() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 16, t);
+        let alone = Duration::from_millis(1);
+        window(&mut l, &mut t, 20, alone, 0);
+        for _ in 0..40 {
+            let limit = l.limit();
+            let latency = alone + Duration::from_millis(3) * limit;
+            let n = calls_for(f64::from(limit), latency);
+            window(&mut l, &mut t, n, latency, 0);
+        }
+        assert_eq!(l.limit(), 2, "at the floor, where the queue is least");
+        assert_eq!(l.status(t).baseline_ms, Some(1.0));
+    }
+
+    /// A database that moved far away makes every call slow alike, at any
+    /// limit: the cut did not lower the latency, so the next window
+    /// learns it as the baseline and the limit rises.
+    #[test]
+    fn a_dependency_that_moved_far_away_is_learned_after_one_cut() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 16, t);
+        let near = Duration::from_millis(2);
+        window(&mut l, &mut t, calls_for(16.0, near), near, 0);
+        let before = l.limit();
+        let far = Duration::from_millis(160);
+        window(&mut l, &mut t, calls_for(f64::from(before), far), far, 0);
+        assert_eq!(
+            (l.limit(), last_reason(&l, t)),
+            (before / 2, Some(LimitReason::LatencyRising))
+        );
+        let n = calls_for(f64::from(l.limit()), far);
+        window(&mut l, &mut t, n, far, 0);
+        assert_eq!(l.status(t).baseline_ms, Some(160.0));
+        assert_eq!(last_reason(&l, t), Some(LimitReason::LatencyAtBaseline));
+        for _ in 0..20 {
+            let n = calls_for(f64::from(l.limit()), far);
+            window(&mut l, &mut t, n, far, 0);
+        }
+        assert_eq!(l.limit(), 64);
     }
 
     #[test]
