@@ -452,7 +452,7 @@ impl Default for LimiterConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            initial_concurrency: 0,
+            initial_concurrency: 4,
             min_concurrency: 1,
             max_concurrency: 0,
             window_ms: 250,

@@ -35,7 +35,7 @@
 //!
 //! | condition | new limit | reason |
 //! |---|---|---|
-//! | `in use` under half the limit | unchanged: the limit is not what bounds the work, so it says nothing about it | - |
+//! | `in use` under half the limit | unchanged: the limit is not what bounds the work, so it says nothing about it (but see slow start) | - |
 //! | dependency failures in the window | `limit x max(0.5, 1 - failure ratio)`, at most `limit x 0.9` | `failures` |
 //! | `latency > tolerance x baseline + slack` | `limit x clamp((tolerance x baseline + slack) / latency, 0.5, 0.9)` | `latency_rising` |
 //! | `latency <= (1 + (tolerance - 1) / 2) x baseline + slack` | `limit + max(1, sqrt(limit))` | `latency_at_baseline` |
@@ -48,6 +48,9 @@
 //! latency is under `tolerance x baseline + slack` (not rising) doubles
 //! the limit instead (reason `slow_start`); the first window with
 //! failures or a rising latency ends it, and the rule above takes over.
+//! A calm window whose limit is not in use ends it at its target: a slow
+//! start the work does not reach protects nothing, and would still hold
+//! the limit low when a load came.
 //!
 //! Why this shape (ARCHITECTURE.md has the longer comparison): it is
 //! Vegas's question (is there a queue in the dependency?) asked the way
@@ -341,7 +344,8 @@ impl Limiter {
         self.latency = Some(latency);
         // Little's law: the mean number of calls running in the window.
         let in_use = w.latency_sum.as_secs_f64() / (age as f64 / 1000.0);
-        if in_use < self.limit / 2.0 {
+        let not_in_use = in_use < self.limit / 2.0;
+        if not_in_use && (self.slow_start_to.is_none() || w.failures > 0) {
             return None;
         }
         let from = self.limit();
@@ -356,13 +360,21 @@ impl Limiter {
             let high = tolerance * ms(base) + slack;
             let low = (1.0 + (tolerance - 1.0) / 2.0) * ms(base) + slack;
             let mean = ms(latency);
+            if not_in_use && mean > high {
+                return None;
+            }
             if let Some(to) = self.slow_start_to
                 && mean <= high
             {
-                if self.limit * 2.0 >= to {
+                // A slow start the work does not reach protects nothing,
+                // and would still hold the limit low when a load came (a
+                // database moving away, whose first cut ends the slow
+                // start): calm and not in use, it ends at its target.
+                let next = if not_in_use { to } else { self.limit * 2.0 };
+                if next >= to {
                     self.slow_start_to = None;
                 }
-                ((self.limit * 2.0).min(to), LimitReason::SlowStart)
+                (next.min(to), LimitReason::SlowStart)
             } else if mean > high {
                 let cut = (high / mean).clamp(MOST_CUT, LEAST_CUT);
                 (self.limit * cut, LimitReason::LatencyRising)
@@ -412,9 +424,8 @@ impl Limiter {
     fn learn_baseline(&mut self, fastest: Option<Duration>, latency: Duration) {
         let after_cut = self.after_cut.take();
         let Some(fastest) = fastest else { return };
-        let not_ours = after_cut.is_some_and(|(before, cut)| {
-            ms(latency) >= ms(before) * (1.0 + cut) / 2.0
-        });
+        let not_ours =
+            after_cut.is_some_and(|(before, cut)| ms(latency) >= ms(before) * (1.0 + cut) / 2.0);
         self.baseline = Some(match self.baseline {
             Some(b) if !not_ours => b.min(fastest),
             _ => fastest,
@@ -496,6 +507,28 @@ mod tests {
         window(&mut l, &mut t, n, calm, 0);
         assert_eq!(l.limit(), 20, "16 + sqrt(16): slow start is over");
         assert_eq!(last_reason(&l, t), Some(LimitReason::LatencyAtBaseline));
+    }
+
+    #[test]
+    fn a_slow_start_the_work_does_not_reach_ends_at_its_target() {
+        let mut t = 0;
+        let mut l = Limiter::new(cfg(), 4, t).slow_start(16);
+        // 150/s at 3 ms: under one call running on average, calm.
+        window(&mut l, &mut t, 38, Duration::from_millis(3), 0);
+        assert_eq!(l.limit(), 16);
+        assert_eq!(last_reason(&l, t), Some(LimitReason::SlowStart));
+        assert_eq!(l.slow_start_to, None);
+        // Not in use and not calm (a queue, or failures): it holds.
+        for failed in [0, 1] {
+            let mut l = Limiter::new(cfg(), 4, t).slow_start(16);
+            l.record(Duration::from_millis(1), false);
+            for _ in 0..9 {
+                l.record(Duration::from_millis(50), failed == 1);
+            }
+            t += 250;
+            assert_eq!(l.judge(t), None);
+            assert_eq!((l.limit(), l.slow_start_to), (4, Some(16.0)));
+        }
     }
 
     #[test]

@@ -127,7 +127,18 @@ fn check_growth(
         return Ok(());
     }
     if let Some(c) = limit_change {
-        prop_assert_eq!(c.reason, LimitReason::LatencyAtBaseline);
+        prop_assert!(
+            matches!(
+                c.reason,
+                LimitReason::LatencyAtBaseline | LimitReason::SlowStart
+            ),
+            "{:?}",
+            c.reason
+        );
+        if c.reason == LimitReason::SlowStart {
+            // A slow start ends at the breaker's limit.
+            prop_assert!(after <= cfg.max_concurrency);
+        }
         prop_assert_eq!((c.from, c.to), (before, after));
         prop_assert_eq!(b.state(), State::Closed);
         return Ok(());
