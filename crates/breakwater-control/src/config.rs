@@ -421,15 +421,13 @@ pub struct LimiterConfig {
     pub enabled: bool,
     /// The limit when the service starts, in slow start (doubling each
     /// window whose latency does not rise, up to the breaker's
-    /// `max_concurrency`), clamped into the floor and the ceiling; 0 (the
-    /// default) = the breaker's `max_concurrency`, no slow start. A
-    /// database already saturated at start then gets this many sessions
-    /// while the first windows learn its latency, which keeps a tight
-    /// `slow_calls.slow_ms` from tripping at start. Not the default: a
-    /// limit not in use never doubles, so at 150 webhooks/s a start of 4
-    /// was still 4 when the database moved far away, and the fault's
-    /// first cut ended the slow start (`lab slow-db` lag p99 4.9 s from 4
-    /// against 0.5 s from 16).
+    /// `max_concurrency`; eight calm windows in a row whose limit is not
+    /// in use end it there at once), clamped into the floor and the
+    /// ceiling; 0 = the
+    /// breaker's `max_concurrency`, no slow start. A database already
+    /// saturated at start gets this many sessions (4 by default) while the
+    /// first windows learn its latency, which keeps a tight
+    /// `slow_calls.slow_ms` from tripping at start.
     pub initial_concurrency: u32,
     /// The floor.
     pub min_concurrency: u32,

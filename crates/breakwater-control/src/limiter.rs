@@ -48,9 +48,10 @@
 //! latency is under `tolerance x baseline + slack` (not rising) doubles
 //! the limit instead (reason `slow_start`); the first window with
 //! failures or a rising latency ends it, and the rule above takes over.
-//! A calm window whose limit is not in use ends it at its target: a slow
-//! start the work does not reach protects nothing, and would still hold
-//! the limit low when a load came.
+//! Eight calm windows in a row whose limit is not in use end it at its
+//! target: a slow start the work does not reach protects nothing, and
+//! would still hold the limit low when a load came (eight, because a
+//! service's first window, begun before the load, says nothing).
 //!
 //! Why this shape (ARCHITECTURE.md has the longer comparison): it is
 //! Vegas's question (is there a queue in the dependency?) asked the way
@@ -67,11 +68,11 @@
 //!
 //! # Hand-over with the breaker
 //!
-//! The service starts the limiter at the breaker's full limit, or, with
-//! `initial_concurrency` set, there in slow start: a database already
-//! saturated at start gets a few sessions while the first windows learn
-//! its latency, and a healthy one busy enough to use the limit has the
-//! breaker's full limit within a few windows (4, 8, 16).
+//! The service starts the limiter at `initial_concurrency` (4), in slow
+//! start up to the breaker's full limit: a database already saturated at
+//! start gets a few sessions while the first windows learn its latency; a
+//! healthy one has the full limit within a few windows (4, 8, 16 under a
+//! backlog; at once when the work does not use the limit).
 //!
 //! The breaker owns the limit outside `Closed` (open: 0, half-open: the
 //! probes, ramping: the ramp's steps). On reaching `Closed` it hands the
@@ -88,6 +89,10 @@ use crate::config::LimiterConfig;
 
 /// Windows a quiet window may last, in `window_ms`, before it is dropped.
 const QUIET_WINDOWS: u64 = 10;
+/// Calm windows in a row whose limit is not in use that end a slow start
+/// at its target (about 2 s at the default 250 ms: a service's first
+/// window, begun before the load, is no evidence).
+const IDLE_WINDOWS_END_SLOW_START: u32 = 8;
 /// The most a window may cut the limit to, and the least.
 const MOST_CUT: f64 = 0.5;
 const LEAST_CUT: f64 = 0.9;
@@ -226,6 +231,8 @@ pub struct Limiter {
     last_change: Option<(u64, LimitChange)>,
     /// In slow start: the limit up to which it doubles.
     slow_start_to: Option<f64>,
+    /// In slow start: calm windows in a row whose limit was not in use.
+    idle_calm_windows: u32,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -245,6 +252,7 @@ impl Limiter {
             latency: None,
             last_change: None,
             slow_start_to: None,
+            idle_calm_windows: 0,
             cfg,
         };
         l.limit = l.clamp(f64::from(start));
@@ -346,6 +354,7 @@ impl Limiter {
         let in_use = w.latency_sum.as_secs_f64() / (age as f64 / 1000.0);
         let not_in_use = in_use < self.limit / 2.0;
         if not_in_use && (self.slow_start_to.is_none() || w.failures > 0) {
+            self.idle_calm_windows = 0;
             return None;
         }
         let from = self.limit();
@@ -360,16 +369,26 @@ impl Limiter {
             let high = tolerance * ms(base) + slack;
             let low = (1.0 + (tolerance - 1.0) / 2.0) * ms(base) + slack;
             let mean = ms(latency);
-            if not_in_use && mean > high {
-                return None;
+            if not_in_use {
+                // A slow start the work does not reach protects nothing,
+                // and would still hold the limit low when a load came (a
+                // database moving away, whose first cut ends the slow
+                // start): calm and not in use for a while, it ends at its
+                // target.
+                self.idle_calm_windows = if mean <= high {
+                    self.idle_calm_windows + 1
+                } else {
+                    0
+                };
+                if self.idle_calm_windows < IDLE_WINDOWS_END_SLOW_START {
+                    return None;
+                }
+            } else {
+                self.idle_calm_windows = 0;
             }
             if let Some(to) = self.slow_start_to
                 && mean <= high
             {
-                // A slow start the work does not reach protects nothing,
-                // and would still hold the limit low when a load came (a
-                // database moving away, whose first cut ends the slow
-                // start): calm and not in use, it ends at its target.
                 let next = if not_in_use { to } else { self.limit * 2.0 };
                 if next >= to {
                     self.slow_start_to = None;
@@ -513,7 +532,12 @@ mod tests {
     fn a_slow_start_the_work_does_not_reach_ends_at_its_target() {
         let mut t = 0;
         let mut l = Limiter::new(cfg(), 4, t).slow_start(16);
-        // 150/s at 3 ms: under one call running on average, calm.
+        // 150/s at 3 ms: under one call running on average, calm; held
+        // for the first windows, ended after eight.
+        for _ in 1..IDLE_WINDOWS_END_SLOW_START {
+            window(&mut l, &mut t, 38, Duration::from_millis(3), 0);
+            assert_eq!(l.limit(), 4);
+        }
         window(&mut l, &mut t, 38, Duration::from_millis(3), 0);
         assert_eq!(l.limit(), 16);
         assert_eq!(last_reason(&l, t), Some(LimitReason::SlowStart));
