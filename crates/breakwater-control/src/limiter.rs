@@ -370,17 +370,7 @@ impl Limiter {
             let low = (1.0 + (tolerance - 1.0) / 2.0) * ms(base) + slack;
             let mean = ms(latency);
             if not_in_use {
-                // A slow start the work does not reach protects nothing,
-                // and would still hold the limit low when a load came (a
-                // database moving away, whose first cut ends the slow
-                // start): calm and not in use for a while, it ends at its
-                // target.
-                self.idle_calm_windows = if mean <= high {
-                    self.idle_calm_windows + 1
-                } else {
-                    0
-                };
-                if self.idle_calm_windows < IDLE_WINDOWS_END_SLOW_START {
+                if !self.idle_slow_start_ends(mean <= high) {
                     return None;
                 }
             } else {
@@ -436,6 +426,16 @@ impl Limiter {
         )
     }
 
+    /// In slow start, a window whose limit the work did not use: counts
+    /// the calm ones in a row, and says when there are enough to end the
+    /// slow start at its target. A slow start the work does not reach
+    /// protects nothing, and would still hold the limit low when a load
+    /// came (a database moving away, whose first cut ends the slow start).
+    fn idle_slow_start_ends(&mut self, calm: bool) -> bool {
+        self.idle_calm_windows = if calm { self.idle_calm_windows + 1 } else { 0 };
+        self.idle_calm_windows >= IDLE_WINDOWS_END_SLOW_START
+    }
+
     /// Updates the baseline from a judged window's fastest call and mean
     /// latency: a faster call lowers it at once; a slower one raises it
     /// only in the window after a cut, and only if the cut did not lower
@@ -443,10 +443,10 @@ impl Limiter {
     fn learn_baseline(&mut self, fastest: Option<Duration>, latency: Duration) {
         let after_cut = self.after_cut.take();
         let Some(fastest) = fastest else { return };
-        let not_ours =
+        let slow_whatever_the_limit =
             after_cut.is_some_and(|(before, cut)| ms(latency) >= ms(before) * (1.0 + cut) / 2.0);
         self.baseline = Some(match self.baseline {
-            Some(b) if !not_ours => b.min(fastest),
+            Some(b) if !slow_whatever_the_limit => b.min(fastest),
             _ => fastest,
         });
     }
