@@ -68,11 +68,12 @@
 //!
 //! # Hand-over with the breaker
 //!
-//! The service starts the limiter at `initial_concurrency` (4), in slow
-//! start up to the breaker's full limit: a database already saturated at
-//! start gets a few sessions while the first windows learn its latency; a
-//! healthy one has the full limit within a few windows (4, 8, 16 under a
-//! backlog; at once when the work does not use the limit).
+//! The service starts the limiter at the breaker's full limit or, with
+//! `initial_concurrency` set, there in slow start: a database already
+//! saturated at start gets a few sessions while the first windows learn
+//! its latency; a healthy one has the full limit within a few windows (4,
+//! 8, 16 under a backlog; after eight when the work does not use the
+//! limit).
 //!
 //! The breaker owns the limit outside `Closed` (open: 0, half-open: the
 //! probes, ramping: the ramp's steps). On reaching `Closed` it hands the

@@ -177,8 +177,8 @@ pub struct LabArgs {
     #[arg(long, value_name = "MS")]
     pub slow_call_ms: Option<u64>,
     /// Breakwater mode's limiter starts here, in slow start
-    /// (`breaker.limiter.initial_concurrency`; default the service's, 4;
-    /// 0: at the breaker's 16, no slow start).
+    /// (`breaker.limiter.initial_concurrency`; default 0: at the breaker's
+    /// 16, no slow start).
     #[arg(long, value_name = "N")]
     pub initial_concurrency: Option<u32>,
     /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
