@@ -11,7 +11,8 @@ pub struct RabbitMqConfig {
     /// queue Breakwater declares. An existing queue keeps its type.
     pub queue_type: QueueType,
     /// Messages the broker may push beyond the breaker's concurrency limit
-    /// while flowing (the consumer's prefetch is `limit + headroom`): room
+    /// while flowing (the consumer's prefetch is the limit rounded up to a
+    /// power of two, `+ headroom`): room
     /// for messages waiting behind a busy key and for the next claim.
     /// Half-open, the prefetch is the probe count alone.
     pub prefetch_headroom: u32,

@@ -12,7 +12,7 @@
 //! | `retry_later` | publish to the delay tier with the attempt count + 1, then `basic.ack` |
 //! | `release` | no delay: `basic.nack` with requeue; a delay: publish to the delay tier (attempts unchanged), then `basic.ack` |
 //! | `dead_letter` | publish to `<name>.dlq` with class and reason, then `basic.ack` |
-//! | `set_flow` | paused: `basic.cancel`, and every buffered delivery `nack`ed with requeue; half-open: consume with prefetch = probes; flowing: prefetch = limit + `prefetch_headroom` |
+//! | `set_flow` | paused: `basic.cancel`, and every buffered delivery `nack`ed with requeue; half-open: consume with prefetch = probes; flowing: prefetch = the limit rounded up to a power of two + `prefetch_headroom` (a new prefetch takes a new consumer: rounded, the limiter's small moves keep it) |
 //! | `dlq_*` | `basic.get` through the DLQ (RabbitMQ cannot address one message), settling the chosen ones and handing the rest back |
 //! | `stats` | passive declares: ready of the queue (+ what this process has buffered), of the delay tiers, of the DLQ |
 //!
@@ -182,13 +182,20 @@ impl Drop for RabbitMqQueue {
     }
 }
 
-/// The prefetch for `flow`: the probes half-open, the limit plus the
-/// headroom flowing; never 0 (which RabbitMQ reads as unlimited).
+/// The prefetch for `flow`: the probes half-open; flowing, the limit
+/// rounded up to a power of two, plus the headroom; never 0 (which
+/// RabbitMQ reads as unlimited). A new prefetch takes a new consumer, and
+/// the adaptive limiter moves the limit a little at a time (16 -> 14 ->
+/// 16 on a noisy latency): rounded, those moves keep the consumer, and
+/// the dispatcher still runs no more than the limit at once.
 fn prefetch_for(flow: Flow, headroom: u32) -> u16 {
     let n = match flow {
         Flow::Paused => 1,
         Flow::Probing { probes } => probes,
-        Flow::Flowing { limit } => limit.saturating_add(headroom),
+        Flow::Flowing { limit } => limit
+            .checked_next_power_of_two()
+            .unwrap_or(u32::MAX)
+            .saturating_add(headroom),
     };
     u16::try_from(n.max(1)).unwrap_or(u16::MAX)
 }
@@ -969,6 +976,12 @@ mod tests {
     fn the_prefetch_follows_the_flow_and_is_never_unlimited() {
         assert_eq!(prefetch_for(Flow::Probing { probes: 2 }, 64), 2);
         assert_eq!(prefetch_for(Flow::Flowing { limit: 16 }, 64), 80);
+        // The limiter's moves within a power of two keep the consumer.
+        for limit in 9..=16 {
+            assert_eq!(prefetch_for(Flow::Flowing { limit }, 64), 80, "{limit}");
+        }
+        assert_eq!(prefetch_for(Flow::Flowing { limit: 8 }, 64), 72);
+        assert_eq!(prefetch_for(Flow::Flowing { limit: 17 }, 64), 96);
         assert_eq!(prefetch_for(Flow::Flowing { limit: 0 }, 0), 1);
         assert_eq!(prefetch_for(Flow::Flowing { limit: u32::MAX }, 1), u16::MAX);
     }
