@@ -367,9 +367,33 @@ async fn constraint_violation_is_permanent_and_rolls_back() {
         .expect("count")
         .get(0);
     assert_eq!(n, 0, "the inbox insert was rolled back");
-    // The connection went back to the pool usable.
+    assert_ended_by_the_pipelined_commit(&c, &db).await;
+    // The connection went back to the pool usable, and is the one reused.
     let ev = event("plain", "evt_ok", "1042", &h, b"{}");
     assert_eq!(sink.apply(&ev).await.expect("after"), Applied::New);
+    assert_ended_by_the_pipelined_commit(&c, &db).await;
+}
+
+/// The last statement of each of the sink's own sessions in `db`, as
+/// `pg_stat_activity` shows it once the session is idle.
+async fn sink_sessions_last_statements(c: &Client, db: &TestDb) -> Vec<String> {
+    let rows = c
+        .query(
+            "SELECT query FROM pg_stat_activity \
+             WHERE datname = $1 AND application_name = 'breakwater-sink' AND state = 'idle'",
+            &[&db.name],
+        )
+        .await
+        .expect("pg_stat_activity");
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// A statement's error aborts the transaction, and the `COMMIT` pipelined
+/// behind it ends it: the connection goes back to the pool with `COMMIT`
+/// as its last statement, no `ROLLBACK` round trip after it.
+async fn assert_ended_by_the_pipelined_commit(c: &Client, db: &TestDb) {
+    let last = sink_sessions_last_statements(c, db).await;
+    assert_eq!(last, vec!["COMMIT".to_owned()], "the sink's sessions");
 }
 
 async fn hold_row_lock(db: &TestDb, id: i64) -> (Client, i32) {
@@ -410,6 +434,7 @@ async fn a_held_row_lock_is_a_lock_timeout() {
         waited >= settings.lock_timeout && waited < settings.lock_timeout * 4,
         "waited {waited:?}"
     );
+    assert_ended_by_the_pipelined_commit(&c, &db).await;
 
     holder.batch_execute("ROLLBACK").await.expect("release");
     assert_eq!(sink.apply(&ev).await.expect("retry"), Applied::New);

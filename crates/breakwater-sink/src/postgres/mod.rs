@@ -15,10 +15,15 @@
 //! which costs no round trip. `SET LOCAL` still sets both timeouts for each
 //! transaction.
 //!
-//! A transaction that does not end cleanly (the apply future is dropped, a
-//! client-side deadline passes, `ROLLBACK` fails) takes its connection out
-//! of the pool and closes it, so no pooled session is ever handed out inside
-//! an open transaction; the server rolls back when the socket closes.
+//! A failed apply sends `ROLLBACK` only when its transaction may still be
+//! open (it failed between `BEGIN` and `COMMIT`, or `COMMIT` got no
+//! answer): a statement's error aborts the transaction and the pipelined
+//! `COMMIT` behind it rolls back, so a lock timeout costs no third round
+//! trip. A transaction that does not end cleanly (the apply future is
+//! dropped, a client-side deadline passes, `ROLLBACK` fails) takes its
+//! connection out of the pool and closes it, so no pooled session is ever
+//! handed out inside an open transaction; the server rolls back when the
+//! socket closes.
 
 pub(crate) mod audit;
 pub use self::audit::DatabaseAudit;
@@ -224,7 +229,9 @@ impl PgSink {
     /// `BEGIN` with its `SET LOCAL`s and the inbox insert; then, for a new
     /// event, every statement and `COMMIT`. A statement that fails aborts
     /// the transaction, so the `COMMIT` behind it rolls back, and its own
-    /// error is the one reported.
+    /// error is the one reported; the transaction has then ended, and no
+    /// `ROLLBACK` follows (it would cost a round trip, and the server's
+    /// warning that no transaction is in progress).
     async fn transaction(
         &self,
         client: &Object,
@@ -232,32 +239,33 @@ impl PgSink {
         payload: Option<&Value>,
         statements: &[CompiledStatement],
         values: &[Vec<ParamValue>],
-    ) -> Result<Applied, SinkError> {
+    ) -> Result<Applied, TxFailed> {
+        let unbegun = |e: &tokio_postgres::Error| TxFailed::before_begin(classify(e));
         // Prepared once per connection, bound before anything is sent.
         let insert = client
             .prepare_cached(INSERT_INBOX)
             .await
-            .map_err(|e| classify(&e))?;
+            .map_err(|e| unbegun(&e))?;
         let mut runs = Vec::with_capacity(statements.len());
         for (statement, values) in statements.iter().zip(values) {
             let prepared = client
                 .prepare_cached(&statement.sql)
                 .await
-                .map_err(|e| classify(&e))?;
+                .map_err(|e| unbegun(&e))?;
             let types = prepared.params();
             if types.len() != values.len() {
-                return Err(SinkError::permanent(
+                return Err(TxFailed::before_begin(SinkError::permanent(
                     "sql",
                     format!(
                         "statement expects {} parameters, {} were bound",
                         types.len(),
                         values.len()
                     ),
-                ));
+                )));
             }
             let mut bound = Vec::with_capacity(values.len());
             for ((value, ty), param) in values.iter().zip(types).zip(&statement.params) {
-                bound.push(to_pg(value, ty, &param.name)?);
+                bound.push(to_pg(value, ty, &param.name).map_err(TxFailed::before_begin)?);
             }
             runs.push((prepared, bound));
         }
@@ -279,12 +287,13 @@ impl PgSink {
         // BEGIN cannot fail while the insert behind it succeeds: a failed
         // SET LOCAL aborts the transaction BEGIN opened (the insert then
         // fails too), and a broken connection fails both.
-        begun.map_err(|e| classify(&e))?;
-        if inserted.map_err(|e| classify(&e))? == 0 {
-            client
-                .batch_execute("COMMIT")
-                .await
-                .map_err(|e| classify(&e))?;
+        let open = |e: &tokio_postgres::Error| TxFailed::in_transaction(classify(e));
+        begun.map_err(|e| open(&e))?;
+        if inserted.map_err(|e| open(&e))? == 0 {
+            let committed = client.batch_execute("COMMIT").await;
+            if let Err(e) = &committed {
+                return Err(TxFailed::after_commit(classify(e), &committed));
+            }
             return Ok(Applied::Duplicate);
         }
         let executes = join_all(
@@ -293,9 +302,13 @@ impl PgSink {
         );
         let (executed, committed) = join(executes, client.batch_execute("COMMIT")).await;
         for result in executed {
-            result.map_err(|e| classify(&e))?;
+            if let Err(e) = result {
+                return Err(TxFailed::after_commit(classify(&e), &committed));
+            }
         }
-        committed.map_err(|e| classify(&e))?;
+        if let Err(e) = &committed {
+            return Err(TxFailed::after_commit(classify(e), &committed));
+        }
         Ok(Applied::New)
     }
 }
@@ -360,6 +373,41 @@ fn session_configs(settings: &SinkSettings) -> Result<(Config, Config), SinkSetu
     ));
     config.options(&options);
     Ok((config, sampler))
+}
+
+/// An apply's transaction that failed: the error, and whether the
+/// transaction may still be open on the connection (a `ROLLBACK` is then
+/// owed before the connection goes back to the pool).
+struct TxFailed {
+    error: SinkError,
+    open: bool,
+}
+
+impl TxFailed {
+    /// Failed before `BEGIN` was sent (preparing, binding): nothing to end.
+    fn before_begin(error: SinkError) -> Self {
+        Self { error, open: false }
+    }
+
+    /// Failed after `BEGIN` and before `COMMIT` was sent.
+    fn in_transaction(error: SinkError) -> Self {
+        Self { error, open: true }
+    }
+
+    /// Failed with `COMMIT` sent, which answered `committed`: a server's
+    /// answer (success, or an error such as a deferred constraint) ended
+    /// the transaction (in an aborted one `COMMIT` rolls back); no answer
+    /// (the link failed) leaves it unknown, so still owed a `ROLLBACK`.
+    fn after_commit(error: SinkError, committed: &Result<(), tokio_postgres::Error>) -> Self {
+        let ended = match committed {
+            Ok(()) => true,
+            Err(e) => e.as_db_error().is_some(),
+        };
+        Self {
+            error,
+            open: !ended,
+        }
+    }
 }
 
 /// A pooled connection inside a transaction that has not ended cleanly yet:
@@ -430,14 +478,18 @@ impl Sink for PgSink {
                 guard.open = false;
                 Ok(applied)
             }
-            Ok(Err(err)) => {
+            Ok(Err(TxFailed { error, open: false })) => {
+                guard.open = false;
+                Err(error)
+            }
+            Ok(Err(TxFailed { error, open: true })) => {
                 let rolled_back =
                     tokio::time::timeout(self.statement_timeout, client.batch_execute("ROLLBACK"))
                         .await;
                 if matches!(rolled_back, Ok(Ok(()))) {
                     guard.open = false;
                 }
-                Err(err)
+                Err(error)
             }
             Err(_) => Err(SinkError::dependency(
                 "statement_timeout",
