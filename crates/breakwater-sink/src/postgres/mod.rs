@@ -16,8 +16,8 @@
 //! transaction.
 //!
 //! A failed apply sends `ROLLBACK` only when its transaction may still be
-//! open (it failed between `BEGIN` and `COMMIT`, or `COMMIT` got no
-//! answer): a statement's error aborts the transaction and the pipelined
+//! open (it failed between `BEGIN` and `COMMIT`, `COMMIT` got no answer,
+//! or the link failed while preparing): a statement's error aborts the transaction and the pipelined
 //! `COMMIT` behind it rolls back, so a lock timeout costs no third round
 //! trip. A transaction that does not end cleanly (the apply future is
 //! dropped, a client-side deadline passes, `ROLLBACK` fails) takes its
@@ -240,18 +240,17 @@ impl PgSink {
         statements: &[CompiledStatement],
         values: &[Vec<ParamValue>],
     ) -> Result<Applied, TxFailed> {
-        let unbegun = |e: &tokio_postgres::Error| TxFailed::before_begin(classify(e));
         // Prepared once per connection, bound before anything is sent.
         let insert = client
             .prepare_cached(INSERT_INBOX)
             .await
-            .map_err(|e| unbegun(&e))?;
+            .map_err(|e| TxFailed::preparing(&e))?;
         let mut runs = Vec::with_capacity(statements.len());
         for (statement, values) in statements.iter().zip(values) {
             let prepared = client
                 .prepare_cached(&statement.sql)
                 .await
-                .map_err(|e| unbegun(&e))?;
+                .map_err(|e| TxFailed::preparing(&e))?;
             let types = prepared.params();
             if types.len() != values.len() {
                 return Err(TxFailed::before_begin(SinkError::permanent(
@@ -384,9 +383,20 @@ struct TxFailed {
 }
 
 impl TxFailed {
-    /// Failed before `BEGIN` was sent (preparing, binding): nothing to end.
+    /// Failed before `BEGIN` was sent (binding): nothing to end.
     fn before_begin(error: SinkError) -> Self {
         Self { error, open: false }
+    }
+
+    /// Preparing failed before `BEGIN`: the server's error leaves nothing
+    /// to end; any other (the link) leaves the connection's state unknown,
+    /// so it is treated as open, and a failing `ROLLBACK` then takes the
+    /// connection out of the pool.
+    fn preparing(e: &tokio_postgres::Error) -> Self {
+        Self {
+            error: classify(e),
+            open: e.as_db_error().is_none(),
+        }
     }
 
     /// Failed after `BEGIN` and before `COMMIT` was sent.
