@@ -275,6 +275,58 @@ async fn new_then_duplicate_applies_once_with_converted_types() {
     assert_eq!(sink.pool_usage().1, 4);
 }
 
+/// Columns of domain types (a jsonb domain, an int[] domain) take their
+/// base type's binary form: a jsonb domain needs jsonb's version byte (the
+/// server refused it: "unsupported jsonb version number"), and an array
+/// domain its member type (the driver panicked: "expected array type").
+#[tokio::test]
+async fn domain_typed_columns_apply() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(
+        "CREATE DOMAIN doc AS jsonb;
+         CREATE DOMAIN item_ids AS int[] CHECK (cardinality(VALUE) > 0);
+         CREATE TABLE tagged (id bigint PRIMARY KEY, body doc, items item_ids);",
+    )
+    .await
+    .expect("schema");
+    let mut statements = BTreeMap::new();
+    statements.insert(
+        "shop".to_owned(),
+        vec![spec(
+            "INSERT INTO tagged (id, body, items) VALUES ($entity, $payload, $items)",
+            &[("items", "json:/items")],
+        )],
+    );
+    let sink = connect(&db.settings(), &statements).await.expect("connect");
+    let body = br#"{"kind":"order.paid","items":[7,8,9]}"#;
+    let ev = event("shop", "evt_dom", "77", &[], body);
+    assert_eq!(sink.apply(&ev).await.expect("applies"), Applied::New);
+    let row = c
+        .query_one(
+            "SELECT body->>'kind', items::int[] FROM tagged WHERE id = 77",
+            &[],
+        )
+        .await
+        .expect("the row");
+    assert_eq!(row.get::<_, String>(0), "order.paid");
+    assert_eq!(row.get::<_, Vec<i32>>(1), vec![7, 8, 9]);
+    // The domain's own check still runs on the server: a permanent error,
+    // and the inbox row rolled back with it.
+    let ev = event("shop", "evt_empty", "78", &[], br#"{"items":[]}"#);
+    let err = sink.apply(&ev).await.expect_err("the CHECK refuses it");
+    assert!(err.is_permanent(), "{err}");
+    let inbox: i64 = c
+        .query_one(
+            "SELECT count(*) FROM breakwater_inbox WHERE event_id = 'evt_empty'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(inbox, 0, "nothing of a failed apply is committed");
+}
+
 #[tokio::test]
 async fn numeric_enum_and_data_errors() {
     let db = TestDb::new().await;
