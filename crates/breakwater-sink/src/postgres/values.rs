@@ -124,15 +124,38 @@ fn parse_float(value: &ParamValue) -> Option<f64> {
     }
 }
 
+/// A `real` from a JSON number or text, refused (as PostgreSQL's own input
+/// refuses it) when it is out of `real`'s range: `1e39` would otherwise be
+/// stored as `Infinity` and `1e-50` as `0`, since the binary form the sink
+/// sends is not range-checked by the server.
+fn parse_real(value: &ParamValue) -> Option<f32> {
+    let wide = parse_float(value)?;
+    let narrow = wide as f32;
+    let overflow = narrow.is_infinite();
+    let underflow = narrow == 0.0 && wide != 0.0;
+    (!overflow && !underflow).then_some(narrow)
+}
+
+/// A `numeric` from a JSON number or text, refused when the 96-bit decimal
+/// cannot hold it exactly (more than 28 significant digits, or a scale past
+/// 28): rounding it would store a different amount than the webhook sent.
+/// (A JSON number that is not an integer was already read as an `f64` with
+/// the body; an amount that needs more than 15 digits belongs in a string.)
 fn parse_decimal(value: &ParamValue) -> Option<Decimal> {
     let text = match value {
         ParamValue::Json(Value::Number(n)) => n.to_string(),
         ParamValue::Text(s) => s.trim().to_owned(),
         _ => return None,
     };
-    text.parse::<Decimal>()
-        .ok()
-        .or_else(|| Decimal::from_scientific(&text).ok())
+    match text.split_once(['e', 'E']) {
+        // The exponent only moves the point or multiplies, exactly or with
+        // an error; the digits must fit as they are.
+        Some((digits, _)) => {
+            Decimal::from_str_exact(digits).ok()?;
+            Decimal::from_scientific(&text).ok()
+        }
+        None => Decimal::from_str_exact(&text).ok(),
+    }
 }
 
 /// Seconds since the epoch (a JSON number, as Stripe sends `created`) or
@@ -204,7 +227,7 @@ pub(super) fn to_pg(value: &ParamValue, ty: &Type, name: &str) -> Result<PgValue
             .and_then(|v| i32::try_from(v).ok())
             .map(PgValue::I32),
         Type::INT8 => parse_int(value).map(PgValue::I64),
-        Type::FLOAT4 => parse_float(value).map(|v| PgValue::F32(v as f32)),
+        Type::FLOAT4 => parse_real(value).map(PgValue::F32),
         Type::FLOAT8 => parse_float(value).map(PgValue::F64),
         Type::NUMERIC => parse_decimal(value).map(PgValue::Numeric),
         Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
@@ -277,6 +300,57 @@ mod tests {
 
     fn text(s: &str) -> ParamValue {
         ParamValue::Text(s.into())
+    }
+
+    #[test]
+    fn a_real_out_of_range_is_refused_not_stored_as_infinity_or_zero() {
+        for refused in [text("1e39"), text("-1e39"), text("1e-50")] {
+            let e = to_pg(&refused, &Type::FLOAT4, "r").expect_err("out of range");
+            assert!(e.to_string().contains("is not a valid float4"), "{e}");
+        }
+        assert!(to_pg(&ParamValue::Json(json!(1e39)), &Type::FLOAT4, "r").is_err());
+        assert!(matches!(
+            to_pg(&text("3.4e38"), &Type::FLOAT4, "r"),
+            Ok(PgValue::F32(v)) if v.is_finite() && v > 3.39e38
+        ));
+        assert!(matches!(
+            to_pg(&ParamValue::Json(json!(0.0)), &Type::FLOAT4, "r"),
+            Ok(PgValue::F32(v)) if v == 0.0
+        ));
+        // float8 holds what float4 cannot.
+        assert!(matches!(
+            to_pg(&text("1e39"), &Type::FLOAT8, "r"),
+            Ok(PgValue::F64(v)) if v == 1e39
+        ));
+    }
+
+    #[test]
+    fn a_numeric_the_decimal_cannot_hold_exactly_is_refused_not_rounded() {
+        for refused in [
+            "1.00000000000000000000000000001",
+            "123456789012345678901234567890",
+            "1.5e-28",
+            "1e-30",
+            "1.00000000000000000000000000001e2",
+        ] {
+            let e = to_pg(&text(refused), &Type::NUMERIC, "a").expect_err(refused);
+            assert!(e.to_string().contains("is not a valid numeric"), "{e}");
+        }
+        for (kept, shown) in [
+            (
+                "1.0000000000000000000000000001",
+                "1.0000000000000000000000000001",
+            ),
+            ("12345678901234567890.12", "12345678901234567890.12"),
+            ("2.5e-27", "0.0000000000000000000000000025"),
+            ("1.2E10", "12000000000"),
+            ("-0.01", "-0.01"),
+        ] {
+            match to_pg(&text(kept), &Type::NUMERIC, "a") {
+                Ok(PgValue::Numeric(d)) => assert_eq!(d.to_string(), shown, "{kept}"),
+                other => panic!("{kept}: {other:?}"),
+            }
+        }
     }
 
     #[test]
