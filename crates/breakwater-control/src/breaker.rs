@@ -18,7 +18,7 @@
 //! | `Closed` | poll, limit = the limiter's (`max_concurrency` with the limiter off) | any enabled signal trips |
 //! | `Open` | no poll, limit 0 | cool-down elapsed (checked by `evaluate`) |
 //! | `HalfOpen` | poll only with a probe slot, limit = `max_probes` | M successes; a dependency failure; a probe unanswered past `probe_timeout_ms`; a signal trips |
-//! | `Ramping` | poll, limit = step × max | step held `hold_ms` (next step, or closed after the last); a signal trips |
+//! | `Ramping` | poll, limit = step × max | step held `hold_ms`, or `min_hold_ms` in use at the limiter's baseline (next step, or closed after the last); a signal trips |
 //!
 //! # Cool-down
 //!
@@ -144,6 +144,8 @@ pub struct Breaker<A: ProbeAdmission = LocalProbeAdmission> {
     /// the ramp): calls that began earlier are not counted.
     evidence_since: Option<Instant>,
     ramp_step: usize,
+    /// The current ramp step's calls: whether it may end early.
+    step_evidence: ramp::StepEvidence,
     cool_down: Duration,
     opens_since_close: u32,
     period: u64,
@@ -231,6 +233,7 @@ impl<A: ProbeAdmission> Breaker<A> {
             since: now,
             evidence_since: None,
             ramp_step: 0,
+            step_evidence: ramp::StepEvidence::new(0),
             cool_down: Duration::ZERO,
             opens_since_close: 0,
             period: 0,
@@ -358,11 +361,23 @@ impl<A: ProbeAdmission> Breaker<A> {
         }
         let now_ms = self.ms(now);
         self.outcomes.record(outcome, now_ms);
-        match outcome.class {
-            OutcomeClass::Success => self.limiter.record(outcome.latency, false),
-            OutcomeClass::Dependency => self.limiter.record(outcome.latency, true),
-            OutcomeClass::Permanent | OutcomeClass::KeyContention => {}
+        let failed = match outcome.class {
+            OutcomeClass::Success => false,
+            OutcomeClass::Dependency => true,
+            OutcomeClass::Permanent | OutcomeClass::KeyContention => {
+                return self.dry_probe(outcome, now);
+            }
+        };
+        self.limiter.record(outcome.latency, failed);
+        if self.state == State::Ramping {
+            self.step_evidence.record(outcome.latency, failed);
         }
+        self.dry_probe(outcome, now)
+    }
+
+    /// In dry-run mode while the shadow state is half-open, every outcome
+    /// counts as a probe.
+    fn dry_probe(&mut self, outcome: Outcome, now: Instant) -> Option<Transition> {
         if self.cfg.dry_run && self.manual.is_none() && self.state == State::HalfOpen {
             return self.probe_result(outcome.class, now);
         }
@@ -617,7 +632,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                     return Some(self.go(State::Open, r, now));
                 }
                 let hold = Duration::from_millis(self.cfg.ramp.hold_ms);
-                if in_state < hold {
+                if in_state < hold && !self.step_proven(now) {
                     return None;
                 }
                 let held_ms = millis(in_state);
@@ -631,6 +646,24 @@ impl<A: ProbeAdmission> Breaker<A> {
             }
             State::Closed => self.first_trip(now).map(|r| self.go(State::Open, r, now)),
         }
+    }
+
+    /// Whether the current ramp step has earned an early end: in use and at
+    /// the limiter's baseline for `ramp.min_hold_ms` (see [`crate::ramp`]).
+    fn step_proven(&mut self, now: Instant) -> bool {
+        if !self.cfg.limiter.enabled {
+            return false;
+        }
+        let rule = ramp::EvidenceRule {
+            window_ms: self.cfg.limiter.window_ms,
+            min_samples: self.cfg.limiter.min_samples,
+            min_hold_ms: self.cfg.ramp.min_hold_ms,
+            limit: self.limit(),
+        };
+        let now_ms = self.ms(now);
+        let limiter = &self.limiter;
+        self.step_evidence
+            .proven(now_ms, rule, |mean| limiter.at_baseline(mean))
     }
 
     /// Closed, with no manual override: lets the limiter judge its window
@@ -970,6 +1003,7 @@ impl<A: ProbeAdmission> Breaker<A> {
                 self.clear_evidence(now);
             }
             State::Ramping => {
+                self.step_evidence = ramp::StepEvidence::new(self.ms(now));
                 if from == State::Ramping {
                     self.ramp_step = self.ramp_step.saturating_add(1);
                 } else {

@@ -176,6 +176,11 @@ pub struct RampConfig {
     pub steps: Vec<f64>,
     /// How long each step must stay healthy, milliseconds.
     pub hold_ms: u64,
+    /// A step ends sooner, after this long, once its calls show it in use
+    /// and at the limiter's learned no-load latency, window after window
+    /// (see [`crate::ramp`]); needs the limiter on. At or above `hold_ms`,
+    /// every step waits out its hold.
+    pub min_hold_ms: u64,
 }
 
 impl Default for RampConfig {
@@ -183,6 +188,7 @@ impl Default for RampConfig {
         Self {
             steps: vec![0.10, 0.25, 0.50, 1.0],
             hold_ms: 30_000,
+            min_hold_ms: 2_000,
         }
     }
 }

@@ -460,6 +460,16 @@ impl Limiter {
         })
     }
 
+    /// Whether a mean latency is at the learned baseline by the rule's
+    /// "not rising" (`latency <= tolerance x baseline + slack`); `None`
+    /// before a baseline is learned. Kept through a pause: the ramp asks it
+    /// of its steps' calls.
+    pub fn at_baseline(&self, latency: Duration) -> Option<bool> {
+        let base = self.baseline?;
+        let slack = ms(Duration::from_millis(self.cfg.latency_slack_ms));
+        Some(ms(latency) <= self.cfg.tolerance * ms(base) + slack)
+    }
+
     /// What `GET /breaker` shows.
     pub fn status(&self, now_ms: u64) -> LimiterStatus {
         LimiterStatus {

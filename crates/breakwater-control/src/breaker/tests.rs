@@ -301,6 +301,84 @@ fn probe_successes_start_the_ramp_which_walks_10_25_50_100_then_closes() {
     assert!(!h.b.gate().probe_only);
 }
 
+/// A breaker whose limiter learned a no-load latency of `base` while
+/// closed, then tripped and passed its probes: at the ramp's first step.
+fn ramping_after_learning(base: Duration) -> H {
+    let mut h = H::new(cfg());
+    for _ in 0..3 {
+        h.outcomes(20, Outcome::success(base));
+        h.advance(250);
+        h.b.adjust_limit(h.now);
+    }
+    h.trip();
+    h.wait_half_open();
+    h.probes_succeed();
+    assert_eq!(h.b.gate().limit, 10);
+    h
+}
+
+/// Every 100 ms, 10 calls of `latency` for each 100 ms of it running (the
+/// step's whole limit of 10 in use) until the ramp moves: the transition
+/// and how long the step was held.
+fn run_step(h: &mut H, latency: Duration) -> (Transition, Duration) {
+    let start = h.now;
+    let n = usize::try_from(1_000 / latency.as_millis().max(1)).expect("fits");
+    loop {
+        h.outcomes(n, Outcome::success(latency));
+        let rest = 100u64.saturating_sub(u64::try_from(latency.as_millis()).expect("ms"));
+        if let Some(t) = h.tick(rest.max(1)) {
+            return (t, h.now - start);
+        }
+        assert!(
+            h.now - start < Duration::from_secs(60),
+            "the step never ended"
+        );
+    }
+}
+
+#[test]
+fn a_ramp_step_in_use_at_the_learned_latency_ends_after_min_hold() {
+    let base = Duration::from_millis(20);
+    let mut h = ramping_after_learning(base);
+    let (t, held) = run_step(&mut h, base);
+    assert_eq!((t.from, t.to), (State::Ramping, State::Ramping), "{t:?}");
+    assert!(
+        held >= Duration::from_secs(2) && held < Duration::from_secs(3),
+        "held {held:?}, min_hold_ms 2000"
+    );
+    assert_eq!(h.b.gate().limit, 25);
+    // The next step proves itself afresh: 25 running now.
+    let (_, held) = run_step(&mut h, base);
+    assert!(held >= Duration::from_secs(2), "held {held:?}");
+    assert_eq!(h.b.gate().limit, 50);
+}
+
+#[test]
+fn a_ramp_step_whose_calls_are_slow_waits_out_its_hold() {
+    let mut h = ramping_after_learning(Duration::from_millis(20));
+    // 50 ms against a 20 ms baseline: over 2 x 20 + 5.
+    let (t, held) = run_step(&mut h, Duration::from_millis(50));
+    assert_eq!((t.from, t.to), (State::Ramping, State::Ramping), "{t:?}");
+    assert!(held >= Duration::from_secs(30), "held {held:?}");
+}
+
+#[test]
+fn with_min_hold_at_the_hold_every_step_waits_it_out() {
+    let mut c = cfg();
+    c.ramp.min_hold_ms = c.ramp.hold_ms;
+    let mut h = H::new(c);
+    for _ in 0..3 {
+        h.outcomes(20, Outcome::success(Duration::from_millis(20)));
+        h.advance(250);
+        h.b.adjust_limit(h.now);
+    }
+    h.trip();
+    h.wait_half_open();
+    h.probes_succeed();
+    let (_, held) = run_step(&mut h, Duration::from_millis(20));
+    assert!(held >= Duration::from_secs(30), "held {held:?}");
+}
+
 #[test]
 fn failure_in_ramp_reopens_with_a_longer_cool_down() {
     let mut h = H::new(cfg());
