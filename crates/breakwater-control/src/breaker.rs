@@ -544,6 +544,11 @@ impl<A: ProbeAdmission> Breaker<A> {
         if v.state == State::Ramping && from != State::Ramping {
             self.clear_evidence(now);
         }
+        if v.state == State::Ramping && (from != State::Ramping || self.ramp_step != step) {
+            // A new step proves itself from its own calls, should this node
+            // come to judge the ramp (the lease moving to it).
+            self.step_evidence = ramp::StepEvidence::new(self.ms(now));
+        }
         self.period = v.period;
         self.ramp_step = step;
         self.cool_down = Duration::from_millis(v.cool_down_ms);

@@ -958,13 +958,8 @@ async fn hot_row(f: &Fleet, rate: u64, lock: Duration) -> HotRow {
         .iter()
         .filter(|(_, n, _)| *n > 1)
         .map(|(at, n, what)| {
-            let what = if *at >= settled {
-                format!(" ({what})")
-            } else {
-                String::new()
-            };
             format!(
-                "{n}@{:.2}s{what}",
+                "{n}@{:.2}s ({what})",
                 at.saturating_duration_since(lock_at).as_secs_f64()
             )
         })
