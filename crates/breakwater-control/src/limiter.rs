@@ -366,9 +366,8 @@ impl Limiter {
         } else {
             let base = baseline?;
             let slack = ms(Duration::from_millis(self.cfg.latency_slack_ms));
-            let tolerance = self.cfg.tolerance;
-            let high = tolerance * ms(base) + slack;
-            let low = (1.0 + (tolerance - 1.0) / 2.0) * ms(base) + slack;
+            let high = self.rising_above(base);
+            let low = (1.0 + (self.cfg.tolerance - 1.0) / 2.0) * ms(base) + slack;
             let mean = ms(latency);
             if not_in_use {
                 if !self.idle_slow_start_ends(mean <= high) {
@@ -465,9 +464,14 @@ impl Limiter {
     /// before a baseline is learned. Kept through a pause: the ramp asks it
     /// of its steps' calls.
     pub fn at_baseline(&self, latency: Duration) -> Option<bool> {
-        let base = self.baseline?;
+        Some(ms(latency) <= self.rising_above(self.baseline?))
+    }
+
+    /// The mean latency, in ms, above which calls count as rising against
+    /// `base`: `tolerance x baseline + slack`.
+    fn rising_above(&self, base: Duration) -> f64 {
         let slack = ms(Duration::from_millis(self.cfg.latency_slack_ms));
-        Some(ms(latency) <= self.cfg.tolerance * ms(base) + slack)
+        self.cfg.tolerance * ms(base) + slack
     }
 
     /// What `GET /breaker` shows.

@@ -12,25 +12,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use breakwater_queue::{NewMessage, Queue};
+use breakwater_queue::Queue;
 use breakwater_queue_log::{LogConfig, LogQueue};
 
-const BODY: usize = 1024;
-/// Enqueues in flight at once (the writer groups them).
-const IN_FLIGHT: usize = 512;
-/// Webhooks of [`BODY`] bytes a 64 MiB segment holds, about.
-const PER_SEGMENT: usize = 56_000;
+mod support;
 
-fn message(i: usize) -> NewMessage {
-    NewMessage {
-        source: "stripe".to_owned(),
-        event_id: format!("evt_burst_{i:09}"),
-        entity_key: Some(format!("order_{}", i % 10_000)),
-        headers: Vec::new(),
-        body: vec![b'x'; BODY].into(),
-        received_at_ms: 1_700_000_000_000,
-    }
-}
+/// Webhooks of [`support::BODY`] bytes a 64 MiB segment holds, about.
+const PER_SEGMENT: usize = 56_000;
 
 /// Bytes this process has caused to be written to disk so far.
 fn write_bytes() -> u64 {
@@ -41,31 +29,6 @@ fn write_bytes() -> u64 {
                 .find_map(|l| l.strip_prefix("write_bytes: ")?.trim().parse().ok())
         })
         .unwrap_or(0)
-}
-
-/// Enqueues `range`, [`IN_FLIGHT`] at a time.
-async fn enqueue(
-    queue: &Arc<LogQueue>,
-    range: std::ops::Range<usize>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in range {
-        let permit = Arc::clone(&gate).acquire_owned().await?;
-        let queue = Arc::clone(queue);
-        tasks.spawn(async move {
-            let done = queue.enqueue(message(i)).await;
-            drop(permit);
-            done
-        });
-        while let Some(done) = tasks.try_join_next() {
-            done??;
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
-    Ok(())
 }
 
 /// Claims and acks everything queued.
@@ -95,7 +58,7 @@ async fn time_burst(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let written = write_bytes();
     let started = Instant::now();
-    enqueue(queue, from..from + burst).await?;
+    support::enqueue(queue, "burst", from..from + burst).await?;
     let took = started.elapsed().as_secs_f64();
     let written = write_bytes().saturating_sub(written);
     println!(
@@ -121,10 +84,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             free_segments,
             ..LogConfig::at(dir.path())
         })?);
-        enqueue(&queue, 0..backlog).await?;
+        support::enqueue(&queue, "burst", 0..backlog).await?;
         drain(&queue).await?;
         // Let the reclaim of the last acks' group run.
-        queue.enqueue(message(backlog)).await?;
+        queue.enqueue(support::message("burst", backlog)).await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
         time_burst(
             &format!("after a drain of {segments} segments, free_segments = {free_segments}"),

@@ -11,24 +11,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use breakwater_queue::{NewMessage, Queue};
 use breakwater_queue_log::{LogConfig, LogQueue};
 
-const BODY: usize = 1024;
-const CHUNK: usize = 250_000;
-/// Enqueues in flight at once (the writer groups them).
-const IN_FLIGHT: usize = 512;
+mod support;
 
-fn message(i: usize) -> NewMessage {
-    NewMessage {
-        source: "stripe".to_owned(),
-        event_id: format!("evt_depth_{i:09}"),
-        entity_key: Some(format!("order_{}", i % 10_000)),
-        headers: Vec::new(),
-        body: vec![b'x'; BODY].into(),
-        received_at_ms: 1_700_000_000_000,
-    }
-}
+const CHUNK: usize = 250_000;
 
 /// CPU seconds (user + system) this process has used so far.
 fn cpu_secs() -> f64 {
@@ -57,23 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for chunk in 0..chunks {
         let from = chunk * CHUNK;
         let (cpu, started) = (cpu_secs(), Instant::now());
-        let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-        let mut tasks = tokio::task::JoinSet::new();
-        for i in from..from + CHUNK {
-            let permit = Arc::clone(&gate).acquire_owned().await?;
-            let queue = Arc::clone(&queue);
-            tasks.spawn(async move {
-                let done = queue.enqueue(message(i)).await;
-                drop(permit);
-                done
-            });
-            while let Some(done) = tasks.try_join_next() {
-                done??;
-            }
-        }
-        while let Some(done) = tasks.join_next().await {
-            done??;
-        }
+        support::enqueue(&queue, "depth", from..from + CHUNK).await?;
         let took = started.elapsed().as_secs_f64();
         let cpu = cpu_secs() - cpu;
         println!(

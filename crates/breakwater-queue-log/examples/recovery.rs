@@ -11,26 +11,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use breakwater_queue::{NewMessage, Queue};
+use breakwater_queue::Queue;
 use breakwater_queue_embedded::{EmbeddedConfig, EmbeddedQueue};
 use breakwater_queue_log::{LogConfig, LogQueue};
 
-const BODY: usize = 1024;
-/// Enqueues in flight at once while filling (the writer groups them).
-const IN_FLIGHT: usize = 512;
+mod support;
 
-fn message(i: usize) -> NewMessage {
-    NewMessage {
-        source: "stripe".to_owned(),
-        event_id: format!("evt_recovery_{i:08}"),
-        entity_key: Some(format!("order_{}", i % 10_000)),
-        headers: Vec::new(),
-        body: vec![b'x'; BODY].into(),
-        received_at_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-    }
-}
+use support::BODY;
 
 /// Opens the store named by `store` in `dir`.
 fn open(store: &str, dir: &std::path::Path) -> Result<Arc<dyn Queue>, Box<dyn std::error::Error>> {
@@ -65,27 +52,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let filling = Instant::now();
     {
         let queue = open(&store, dir.path())?;
-        let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-        let mut tasks = Vec::with_capacity(IN_FLIGHT);
-        for i in 0..n {
-            let permit = Arc::clone(&gate).acquire_owned().await?;
-            let queue = Arc::clone(&queue);
-            tasks.push(tokio::spawn(async move {
-                let done = queue.enqueue(message(i)).await;
-                drop(permit);
-                done
-            }));
-            if tasks.len() >= 4 * IN_FLIGHT {
-                for t in tasks.drain(..) {
-                    t.await??;
-                }
-            }
-            if i > 0 && i % 100_000 == 0 {
-                eprintln!("{i} queued ({:.0} s)", filling.elapsed().as_secs_f64());
-            }
-        }
-        for t in tasks {
-            t.await??;
+        for from in (0..n).step_by(100_000) {
+            support::enqueue(&queue, "recovery", from..(from + 100_000).min(n)).await?;
+            eprintln!(
+                "{} queued ({:.0} s)",
+                (from + 100_000).min(n),
+                filling.elapsed().as_secs_f64()
+            );
         }
     }
     let filled = filling.elapsed();
@@ -105,13 +78,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let queue = open(&store, dir.path())?;
     let opened = start.elapsed();
-    let answered = queue.enqueue(message(n)).await?;
+    let answered = queue.enqueue(support::message("recovery", n)).await?;
     let first_enqueue = start.elapsed();
     let claimed = queue.claim(1, Duration::from_secs(30)).await?;
     let first_claim = start.elapsed();
     assert_eq!(claimed.len(), 1, "a backlog to claim from");
     assert!(matches!(answered, breakwater_queue::Enqueued::New { .. }));
-    let again = queue.enqueue(message(0)).await?;
+    let again = queue.enqueue(support::message("recovery", 0)).await?;
     assert!(
         matches!(again, breakwater_queue::Enqueued::Duplicate { .. }),
         "the index knows the backlog"

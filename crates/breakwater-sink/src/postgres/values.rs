@@ -430,14 +430,14 @@ mod tests {
         assert!(err.message.contains("::text::inet"), "{err}");
     }
 
+    /// A domain over `base`, as the server would describe it.
+    fn domain(name: &str, oid: u32, base: Type) -> Type {
+        Type::new(name.into(), oid, Kind::Domain(base), "public".into())
+    }
+
     #[test]
     fn a_domain_is_encoded_as_its_base_type() {
-        let jsonb_domain = Type::new(
-            "jdom".into(),
-            90_001,
-            Kind::Domain(Type::JSONB),
-            "public".into(),
-        );
+        let jsonb_domain = domain("jdom", 90_001, Type::JSONB);
         let mut scratch = BytesMut::new();
         bind_param(&text("paid"), &jsonb_domain, "s", &mut scratch).expect("binds");
         // jsonb's binary form: version 1, then the text.
@@ -446,12 +446,7 @@ mod tests {
 
     #[test]
     fn an_array_domain_binds_instead_of_panicking() {
-        let array_domain = Type::new(
-            "adom".into(),
-            90_002,
-            Kind::Domain(Type::INT4_ARRAY),
-            "public".into(),
-        );
+        let array_domain = domain("adom", 90_002, Type::INT4_ARRAY);
         let mut scratch = BytesMut::new();
         bind_param(
             &ParamValue::Json(json!([1, 2, 3])),
