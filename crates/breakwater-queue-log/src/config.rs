@@ -22,6 +22,11 @@ pub struct LogConfig {
     /// this many segments of disk beyond what the queue holds; 0 keeps and
     /// makes none.
     pub free_segments: usize,
+    /// Most bytes of the newest written data left in the page cache; what
+    /// lies further behind the writer is let go of (a drain reads it back
+    /// from disk, in order). Keeps a growing backlog from taking the
+    /// memory the database beside it uses. 0: no bound, the kernel decides.
+    pub cache_bytes: u64,
     /// How long an applied event id is remembered to answer redeliveries
     /// with 200 instead of queuing them twice, in seconds.
     pub dedup_window_secs: u64,
@@ -44,6 +49,7 @@ impl Default for LogConfig {
             path: PathBuf::from("data/queue"),
             segment_bytes: 64 << 20,
             free_segments: 4,
+            cache_bytes: 256 << 20,
             dedup_window_secs: 7 * 24 * 3600,
             dedup_index_max: 5_000_000,
             max_batch: 1024,

@@ -24,6 +24,7 @@
 //! encoding and checksum) is done on the caller's thread.
 
 mod blanks;
+mod cache;
 pub mod config;
 mod dedup_file;
 pub mod disk;
@@ -210,6 +211,7 @@ impl LogQueue {
             max_batch: config.max_batch.max(1),
             segment_bytes: config.segment_bytes.max(config::MIN_SEGMENT_BYTES),
             free_segments: config.free_segments,
+            cache_bytes: config.cache_bytes,
         };
         let window_ms = i64::try_from(config.dedup_window_secs)
             .unwrap_or(i64::MAX / 1000)

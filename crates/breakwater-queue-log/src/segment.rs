@@ -227,6 +227,17 @@ pub(crate) fn recycle(dir: &Path, from: u64, to: u64) -> io::Result<File> {
     reuse(dir, &path(dir, from), to)
 }
 
+/// Lets go of the page cache of `len` bytes of `file` from `offset`
+/// (`POSIX_FADV_DONTNEED`): whole clean pages leave it, dirty ones are
+/// written back first and stay.
+pub(crate) fn let_go(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let Some(len) = std::num::NonZeroU64::new(len) else {
+        return Ok(());
+    };
+    rustix::fs::fadvise(file, offset, Some(len), rustix::fs::Advice::DontNeed)?;
+    Ok(())
+}
+
 /// Keeps settled segment `index` for reuse: renamed `free-<index>.log`,
 /// which start-up does not read as a segment. The directory is synced by
 /// whatever renames next ([`reuse`]); a power cut before that brings the

@@ -47,6 +47,7 @@ use rusqlite::Connection;
 use tokio::sync::mpsc;
 
 use crate::blanks::Blanks;
+use crate::cache::{CacheWindow, LetGo};
 use crate::dedup_file::DedupFile;
 use crate::disk::GroupDisk;
 use crate::dlq::{self, NewDead};
@@ -133,6 +134,9 @@ pub(crate) struct Settings {
     pub segment_bytes: u64,
     /// Most segments kept ready: settled ones kept free and blank ones.
     pub free_segments: usize,
+    /// Most written bytes left in the page cache ([`CacheWindow`]); 0: no
+    /// bound.
+    pub cache_bytes: u64,
 }
 
 /// Copy forward the oldest segment's live messages when they fill at
@@ -201,6 +205,8 @@ pub(crate) struct Writer {
     free: Vec<u64>,
     /// Blank segments made ahead while the writer idles.
     blanks: Blanks,
+    /// What of the written data is left in the page cache.
+    cache: CacheWindow,
     /// Where the writer is, for pacing the next segment's zeros.
     progress: Arc<WriterProgress>,
     dlq: Connection,
@@ -309,6 +315,18 @@ impl Writer {
             settings.segment_bytes,
             settings.free_segments.saturating_sub(free.len()),
         );
+        // What recovery read is in the page cache: the window starts with
+        // it, oldest first, so a long backlog is let go of at once.
+        let mut written: Vec<(u64, u64)> = segments
+            .iter()
+            .filter(|&&s| s < current)
+            .map(|&s| {
+                let len = files.get(&s).and_then(|f| f.metadata().ok());
+                (s, len.map_or(settings.segment_bytes, |m| m.len()))
+            })
+            .collect();
+        written.sort_unstable();
+        let cache = CacheWindow::new(settings.cache_bytes);
         let mut writer = Self {
             settings,
             index,
@@ -323,12 +341,18 @@ impl Writer {
             spare,
             free,
             blanks,
+            cache,
             progress: Arc::default(),
             dlq,
             dlq_count,
             dedup_file,
             next_prune: Instant::now() + PRUNE_EVERY,
         };
+        for (s, end) in written {
+            let behind = writer.cache.wrote(s, end);
+            writer.let_go(&behind);
+        }
+        writer.let_go_behind();
         writer.progress.set(writer.group.start);
         writer.prepare_spare_when_due();
         Ok((writer, opened))
@@ -984,18 +1008,41 @@ impl Writer {
         group.sync = false;
         group.start = start;
         self.group = group;
+        self.let_go_behind();
+    }
+
+    /// Lets go of the page cache of what lies more than `cache_bytes`
+    /// behind the head ([`CacheWindow`]).
+    fn let_go_behind(&mut self) {
+        let behind = self.cache.wrote(self.current, self.group.start);
+        self.let_go(&behind);
+    }
+
+    fn let_go(&self, ranges: &[LetGo]) {
+        for r in ranges {
+            let Some(f) = self.files.get(&r.segment) else {
+                continue;
+            };
+            if let Err(e) = segment::let_go(f, r.offset, r.len) {
+                tracing::debug!(error = %e, segment = r.segment, "cannot let go of a queue segment's page cache");
+            }
+        }
     }
 
     /// Makes the settled segment `oldest` the next segment when none is
     /// ready or being made and it has the configured size: renamed, its
     /// header rewritten, no zeros written (its old frames read as the end
     /// of its data: [`segment::recycle`]). Else keeps it free for a later
-    /// roll while fewer than `free_segments` are, else deletes it.
+    /// roll while fewer than `free_segments` are, else deletes it. One
+    /// whose page cache was let go of is deleted: writing into it would
+    /// read its pages back first ([`crate::cache`]).
     fn recycle_or_delete(&mut self, oldest: u64, file: Option<File>) {
         let dir = self.settings.dir.clone();
-        let full_size = file
-            .and_then(|f| f.metadata().ok())
-            .is_some_and(|m| m.len() == self.settings.segment_bytes);
+        let uncached = self.cache.forget(oldest);
+        let full_size = !uncached
+            && file
+                .and_then(|f| f.metadata().ok())
+                .is_some_and(|m| m.len() == self.settings.segment_bytes);
         self.unsalted.remove(&oldest);
         if self.spare.is_none() && full_size {
             let next = self.current + 1;
