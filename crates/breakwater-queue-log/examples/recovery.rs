@@ -3,8 +3,10 @@
 //! 1,000,000, 1 KiB bodies), closes it, then times opening it again, the
 //! first enqueue answered (the embedded store loads its duplicate index
 //! then; the log has rebuilt every index by the time it opens) and the
-//! first claim. With `DROP_CACHES=1` (root) the page cache is dropped
-//! before reopening, as after a reboot.
+//! first claim. Without `DROP_CACHES` the page cache holds what the store
+//! left in it (the log: the newest `cache_bytes`, 256 MiB); with
+//! `DROP_CACHES=1` (root) it is dropped before reopening, as after a
+//! reboot.
 //!
 //!   cargo run --release -p breakwater-queue-log --example recovery [N] [log|embedded]
 
@@ -96,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if cold {
             "page cache dropped"
         } else {
-            "page cache warm"
+            "page cache as the store left it"
         },
         stats.visible,
         opened.as_secs_f64(),
