@@ -81,7 +81,7 @@ enum LogFormat {
 struct ConfigPath {
     /// Config file. Default: ./breakwater.toml if it exists, else built-in
     /// defaults. Top-level keys of [ingress], [admin], [queue], [sink],
-    /// [workers] and [breaker] can be overridden by
+    /// [workers], [breaker] and [fleet] can be overridden by
     /// BREAKWATER_<SECTION>_<KEY>; [[source]] and nested tables only in the
     /// file.
     #[arg(long, global = true, env = "BREAKWATER_CONFIG", value_name = "PATH")]

@@ -21,8 +21,7 @@ use std::time::Duration;
 
 use breakwater_control::{BackoffPolicy, Jitter};
 use breakwater_sink::{
-    ForwardSpec, ForwardTarget, LockWaitersScope, RoutedSink, Sink, SinkSettings, SinkSetupError,
-    StatementSpec,
+    ForwardTarget, LockWaitersScope, RoutedSink, Sink, SinkSettings, SinkSetupError, StatementSpec,
 };
 
 use breakwater_fleet::{NodeRole, RedisFleet};
@@ -250,20 +249,6 @@ fn spawn_metrics_upkeep(
     })
 }
 
-/// The sink a source's `forward` describes, signed with `secret`.
-pub fn forward_spec(forward: &crate::config::ForwardConfig, secret: Option<String>) -> ForwardSpec {
-    ForwardSpec {
-        url: forward.url.clone(),
-        timeout: Duration::from_millis(forward.timeout_ms),
-        connect_timeout: Duration::from_millis(forward.connect_timeout_ms),
-        max_connections: forward.max_connections,
-        secret,
-        http2: forward.http2,
-        follow_redirects: forward.follow_redirects,
-        ca_file: forward.ca_file.clone(),
-    }
-}
-
 /// `database` with the forwarding sources routed to their targets (as it
 /// is when no source forwards).
 fn with_forwards(
@@ -286,7 +271,7 @@ fn with_forwards(
         };
         forwards.insert(
             source.name.clone(),
-            ForwardTarget::new(forward_spec(forward, secret))?,
+            ForwardTarget::new(forward.spec(secret))?,
         );
     }
     if forwards.is_empty() {

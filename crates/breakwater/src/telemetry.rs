@@ -17,6 +17,10 @@ pub const INGRESS_SECONDS: &str = "breakwater_ingress_latency_seconds";
 /// The embedded queue's own: group commit time and size, enqueue wait, the
 /// dedup index's size.
 pub use breakwater_queue_embedded::telemetry::*;
+/// The segment log's own: segments reclaimed, recycled, made ahead.
+pub use breakwater_queue_log::telemetry::{
+    QUEUE_SEGMENTS_MADE_AHEAD, QUEUE_SEGMENTS_RECLAIMED, QUEUE_SEGMENTS_RECYCLED,
+};
 /// Queue gauges, by `state` (visible, in_flight, delayed, dead_lettered).
 pub const QUEUE_MESSAGES: &str = "breakwater_queue_messages";
 /// Messages ready to be claimed (the same as `QUEUE_MESSAGES{state="visible"}`).

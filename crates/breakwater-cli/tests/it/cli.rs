@@ -32,6 +32,36 @@ fn config_check_prints_effective_config_without_secrets() {
     assert!(!text.contains(STRIPE_SECRET), "a secret was printed");
 }
 
+/// The README's "run it" is `serve` with the repository's own
+/// `breakwater.toml`: it must be valid and run the default queue (the
+/// segment log), not the SQLite store of earlier releases.
+#[test]
+fn the_shipped_config_is_valid_and_runs_the_default_queue() {
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../breakwater.toml");
+    let out = breakwater(&[
+        "config",
+        "check",
+        "--config",
+        shipped.to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let backend = text
+        .lines()
+        .skip_while(|l| l.trim() != "[queue]")
+        .find_map(|l| l.trim().strip_prefix("backend = "))
+        .unwrap_or_else(|| panic!("no queue backend in:\n{text}"));
+    assert_eq!(
+        backend,
+        format!("\"{}\"", breakwater::queue::DEFAULT_BACKEND),
+        "{text}"
+    );
+}
+
 #[test]
 fn broken_config_names_key_and_line_and_fails() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -225,7 +225,7 @@ impl Config {
                         "a source forwards over HTTP or runs statements, not both",
                     ));
                 }
-                breakwater_sink::ForwardTarget::new(crate::serve::forward_spec(forward, None))
+                breakwater_sink::ForwardTarget::new(forward.spec(None))
                     .map_err(|e| ConfigError::invalid(format!("{key}.forward"), e.to_string()))?;
             }
         }

@@ -162,6 +162,21 @@ pub struct ForwardConfig {
 }
 
 impl ForwardConfig {
+    /// The forward sink's settings for this target, signed with `secret`
+    /// (what `serve` builds and `config check` validates).
+    pub fn spec(&self, secret: Option<String>) -> breakwater_sink::ForwardSpec {
+        breakwater_sink::ForwardSpec {
+            url: self.url.clone(),
+            timeout: std::time::Duration::from_millis(self.timeout_ms),
+            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
+            max_connections: self.max_connections,
+            secret,
+            http2: self.http2,
+            follow_redirects: self.follow_redirects,
+            ca_file: self.ca_file.clone(),
+        }
+    }
+
     /// Forwarding to `url` with every other key at its default.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
