@@ -41,6 +41,7 @@ fn the_shipped_config_is_valid_and_runs_the_default_queue() {
     let out = breakwater(&[
         "config",
         "check",
+        "--json",
         "--config",
         shipped.to_str().expect("utf8"),
     ]);
@@ -49,16 +50,11 @@ fn the_shipped_config_is_valid_and_runs_the_default_queue() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let backend = text
-        .lines()
-        .skip_while(|l| l.trim() != "[queue]")
-        .find_map(|l| l.trim().strip_prefix("backend = "))
-        .unwrap_or_else(|| panic!("no queue backend in:\n{text}"));
+    let effective: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(
-        backend,
-        format!("\"{}\"", breakwater::queue::DEFAULT_BACKEND),
-        "{text}"
+        effective["queue"]["backend"],
+        breakwater::queue::DEFAULT_BACKEND,
+        "{effective}"
     );
 }
 

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -167,8 +168,8 @@ impl ForwardConfig {
     pub fn spec(&self, secret: Option<String>) -> breakwater_sink::ForwardSpec {
         breakwater_sink::ForwardSpec {
             url: self.url.clone(),
-            timeout: std::time::Duration::from_millis(self.timeout_ms),
-            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
+            timeout: Duration::from_millis(self.timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             max_connections: self.max_connections,
             secret,
             http2: self.http2,
