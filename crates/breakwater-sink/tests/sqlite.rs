@@ -461,3 +461,165 @@ async fn a_body_that_is_not_json_is_kept_as_a_json_string() {
         .expect("inbox");
     assert_eq!(payload.as_deref(), Some("\"status=paid\""));
 }
+
+/// Applies `events` (event id, source, body) at once, each from a task of
+/// its own, so those that wait for the connection commit as one group;
+/// the outcomes in the order given.
+async fn apply_at_once(
+    sink: &std::sync::Arc<dyn breakwater_sink::Sink>,
+    events: &[(&str, &str, &str)],
+) -> Vec<Result<Applied, breakwater_sink::SinkError>> {
+    let tasks: Vec<_> = events
+        .iter()
+        .map(|&(id, source, body)| {
+            let (sink, id, source, body) = (
+                std::sync::Arc::clone(sink),
+                id.to_owned(),
+                source.to_owned(),
+                body.to_owned(),
+            );
+            tokio::spawn(async move {
+                sink.apply(&Event {
+                    source: &source,
+                    ..event(&id, body.as_bytes())
+                })
+                .await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("apply task"));
+    }
+    outcomes
+}
+
+/// The inbox's event ids, the order's hits and the event log's rows.
+fn applied_state(c: &Connection) -> (Vec<String>, i64, i64) {
+    let mut ids = c
+        .prepare("SELECT event_id FROM breakwater_inbox ORDER BY event_id")
+        .expect("prepare");
+    let ids = ids
+        .query_map([], |r| r.get(0))
+        .expect("ids")
+        .collect::<Result<Vec<String>, _>>()
+        .expect("ids");
+    let (hits, logged) = c
+        .query_row(
+            "SELECT hits, (SELECT count(*) FROM event_log) FROM orders WHERE id = 1042",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("order");
+    (ids, hits, logged)
+}
+
+/// Applies waiting for the connection commit together, each in its own
+/// savepoint: one event's constraint failure rolls back only its own
+/// statements, and an event id twice in one group is applied once.
+#[tokio::test]
+async fn a_group_keeps_each_events_outcome_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let sink = connect(&settings(&path), &statements())
+        .await
+        .expect("connect");
+    let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
+    let bogus = r#"{"data":{"object":{"status":"bogus","amount":1}}}"#;
+    let outcomes = apply_at_once(
+        &sink,
+        &[
+            ("evt_g0", "stripe", paid),
+            ("evt_g1", "stripe", paid),
+            ("evt_g2", "stripe", bogus),
+            ("evt_g3", "stripe", paid),
+            ("evt_g4", "stripe", paid),
+            ("evt_g4", "stripe", paid),
+            ("evt_g5", "stripe", paid),
+        ],
+    )
+    .await;
+    let kinds: Vec<String> = outcomes
+        .iter()
+        .map(|o| match o {
+            Ok(applied) => format!("{applied:?}"),
+            Err(e) => format!("{:?} {}", e.class, e.kind),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "New",
+            "New",
+            "Permanent constraint",
+            "New",
+            "New",
+            "Duplicate",
+            "New"
+        ]
+    );
+    let (ids, hits, logged) = applied_state(&c);
+    assert_eq!(ids, ["evt_g0", "evt_g1", "evt_g3", "evt_g4", "evt_g5"]);
+    assert_eq!(
+        (hits, logged),
+        (5, 5),
+        "each applied event's statements once"
+    );
+}
+
+/// A write stopped by the statement timeout makes SQLite roll the whole
+/// transaction back: the stopped event fails alone, and the events applied
+/// before it in its group run again and commit, once each.
+#[tokio::test]
+async fn an_interrupted_write_fails_alone_and_its_group_runs_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let mut s = settings(&path);
+    s.statement_timeout = Duration::from_millis(300);
+    let mut all = statements();
+    all.insert(
+        "slow".to_owned(),
+        vec![StatementSpec {
+            // A write that runs for tens of seconds unless stopped.
+            sql: "UPDATE orders SET hits = hits + (WITH RECURSIVE n(i) AS (SELECT 1 \
+                  UNION ALL SELECT i + 1 FROM n WHERE i < 300000000) SELECT count(*) FROM n) \
+                  WHERE id = $entity"
+                .to_owned(),
+            params: BTreeMap::new(),
+        }],
+    );
+    let sink = connect(&s, &all).await.expect("connect");
+    let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
+    let outcomes = apply_at_once(
+        &sink,
+        &[
+            ("evt_i0", "stripe", paid),
+            ("evt_i1", "stripe", paid),
+            ("evt_i2", "stripe", paid),
+            ("evt_i3", "slow", paid),
+            ("evt_i4", "stripe", paid),
+            ("evt_i5", "stripe", paid),
+        ],
+    )
+    .await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        match (i, outcome) {
+            (3, Err(e)) => assert_eq!(
+                (e.class, e.kind),
+                (FailureClass::Dependency, "statement_timeout"),
+                "{e}"
+            ),
+            (3, Ok(applied)) => panic!("the slow write applied: {applied:?}"),
+            (_, outcome) => assert_eq!(outcome.as_ref().ok(), Some(&Applied::New), "{i}"),
+        }
+    }
+    let (ids, hits, logged) = applied_state(&c);
+    assert_eq!(ids, ["evt_i0", "evt_i1", "evt_i2", "evt_i4", "evt_i5"]);
+    assert_eq!(
+        (hits, logged),
+        (5, 5),
+        "each applied event's statements once"
+    );
+}
