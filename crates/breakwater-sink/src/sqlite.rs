@@ -338,7 +338,7 @@ impl Sink for SqliteSink {
             Err(timed_out) => {
                 let mut waiting = lock(&self.waiting);
                 if let Some(at) = waiting.iter().position(|w| w.number == number) {
-                    waiting.swap_remove(at);
+                    waiting.remove(at);
                     return Err(timed_out);
                 }
                 // Already taken into a group: its outcome comes.

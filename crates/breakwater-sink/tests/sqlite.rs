@@ -623,3 +623,61 @@ async fn an_interrupted_write_fails_alone_and_its_group_runs_again() {
         "each applied event's statements once"
     );
 }
+
+/// An apply still waiting for the connection when the acquire timeout
+/// passes fails as `pool_timeout` and never runs later in someone else's
+/// group (it leaves the waiting list, and its stop flag is set: either
+/// alone keeps it from running; the test fails without both).
+#[tokio::test]
+async fn an_apply_waiting_past_the_acquire_timeout_never_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let mut s = settings(&path);
+    s.statement_timeout = Duration::from_millis(1500);
+    let mut all = statements();
+    all.insert(
+        "slow".to_owned(),
+        vec![StatementSpec {
+            sql: "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+                  WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''"
+                .to_owned(),
+            params: BTreeMap::new(),
+        }],
+    );
+    let sink = connect(&s, &all).await.expect("connect");
+    let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
+    let holder = {
+        let sink = std::sync::Arc::clone(&sink);
+        tokio::spawn(async move {
+            sink.apply(&Event {
+                source: "slow",
+                ..event("evt_holds", b"{}")
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let err = sink
+        .apply(&event("evt_waits", paid.as_bytes()))
+        .await
+        .expect_err("the connection is held");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Dependency, "pool_timeout"),
+        "{err}"
+    );
+    let held = holder.await.expect("task").expect_err("stopped");
+    assert_eq!(held.kind, "statement_timeout", "{held}");
+    // The next apply of the same event is its first: the one that timed
+    // out did not run in this one's group.
+    assert_eq!(
+        sink.apply(&event("evt_waits", paid.as_bytes()))
+            .await
+            .expect("applies"),
+        Applied::New
+    );
+    let (ids, hits, logged) = applied_state(&c);
+    assert_eq!(ids, ["evt_waits"]);
+    assert_eq!((hits, logged), (1, 1));
+}
