@@ -116,13 +116,26 @@ async fn wait_contains(page: &Client, id: &str, want: &str) -> String {
     }
 }
 
+/// Finds and clicks `css`. The page redraws its tables as it polls, so an
+/// element found may be replaced before the click lands (a stale element
+/// reference): then it is found again, for up to 5 s.
 async fn click(page: &Client, css: &str) {
-    page.find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let clicked = page
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
+            .click()
+            .await;
+        match clicked {
+            Ok(_) => return,
+            Err(e) if e.is_stale_element_reference() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot click {css}: {e}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
