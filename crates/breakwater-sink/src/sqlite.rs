@@ -12,8 +12,8 @@
 //!
 //! **Group commit.** Each commit fsyncs the WAL (`synchronous = FULL`, so
 //! an applied event survives a power cut before its message is acked),
-//! and one fsync per event bounded the applies (about 1.4–1.9k/s beside
-//! a flood of webhooks, `docs/measurements.md`). An apply joins a list
+//! and one fsync per event bounded the applies (about 1–2k/s beside
+//! a flood of webhooks, 2.1k/s draining, `docs/measurements.md`). An apply joins a list
 //! and waits for the connection; whoever gets it runs the whole list
 //! ([`run_group`]): one transaction, each event in its own savepoint (a
 //! failed event rolls back to it, the others stay), one commit. An error

@@ -462,6 +462,19 @@ async fn a_body_that_is_not_json_is_kept_as_a_json_string() {
     assert_eq!(payload.as_deref(), Some("\"status=paid\""));
 }
 
+/// [`statements`] plus a source `slow` whose one statement is `sql`.
+fn with_slow_source(sql: &str) -> BTreeMap<String, Vec<StatementSpec>> {
+    let mut all = statements();
+    all.insert(
+        "slow".to_owned(),
+        vec![StatementSpec {
+            sql: sql.to_owned(),
+            params: BTreeMap::new(),
+        }],
+    );
+    all
+}
+
 /// Applies `events` (event id, source, body) at once, each from a task of
 /// its own, so those that wait for the connection commit as one group;
 /// the outcomes in the order given.
@@ -578,17 +591,11 @@ async fn an_interrupted_write_fails_alone_and_its_group_runs_again() {
     let c = schema(&path);
     let mut s = settings(&path);
     s.statement_timeout = Duration::from_millis(300);
-    let mut all = statements();
-    all.insert(
-        "slow".to_owned(),
-        vec![StatementSpec {
-            // A write that runs for tens of seconds unless stopped.
-            sql: "UPDATE orders SET hits = hits + (WITH RECURSIVE n(i) AS (SELECT 1 \
-                  UNION ALL SELECT i + 1 FROM n WHERE i < 300000000) SELECT count(*) FROM n) \
-                  WHERE id = $entity"
-                .to_owned(),
-            params: BTreeMap::new(),
-        }],
+    // A write that runs for tens of seconds unless stopped.
+    let all = with_slow_source(
+        "UPDATE orders SET hits = hits + (WITH RECURSIVE n(i) AS (SELECT 1 \
+         UNION ALL SELECT i + 1 FROM n WHERE i < 300000000) SELECT count(*) FROM n) \
+         WHERE id = $entity",
     );
     let sink = connect(&s, &all).await.expect("connect");
     let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
@@ -635,15 +642,9 @@ async fn an_apply_waiting_past_the_acquire_timeout_never_runs() {
     let c = schema(&path);
     let mut s = settings(&path);
     s.statement_timeout = Duration::from_millis(1500);
-    let mut all = statements();
-    all.insert(
-        "slow".to_owned(),
-        vec![StatementSpec {
-            sql: "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
-                  WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''"
-                .to_owned(),
-            params: BTreeMap::new(),
-        }],
+    let all = with_slow_source(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+         WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''",
     );
     let sink = connect(&s, &all).await.expect("connect");
     let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
