@@ -137,28 +137,52 @@ async fn a_recycling_cut_short_before_the_new_header_is_dropped_at_start() {
     assert!(!newest.exists(), "the cut-short segment is deleted");
 }
 
+/// A file by inode and creation time (an inode number alone may be
+/// reused by a new file), which a rename keeps.
+type FileId = (u64, std::time::SystemTime);
+
 /// Every file of the store that holds or held a segment or may become one
-/// (`segment-`, `free-` and `blank-`), by inode and creation time.
-fn files_ever(dir: &Path) -> BTreeSet<(u64, std::time::SystemTime)> {
+/// (`segment-`, `free-` and `blank-`).
+fn files_ever(dir: &Path) -> BTreeSet<FileId> {
+    files_by_prefix(dir, &["segment-", "free-", "blank-"])
+        .into_keys()
+        .collect()
+}
+
+/// The files in `dir` whose names start with one of `prefixes`, with
+/// their names.
+fn files_by_prefix(dir: &Path, prefixes: &[&str]) -> BTreeMap<FileId, String> {
     std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry"))
-        .filter(|e| {
+        .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            name.starts_with("segment-") || name.starts_with("free-") || name.starts_with("blank-")
-        })
-        .map(|e| {
-            let meta = e.metadata().expect("metadata");
-            (meta.ino(), meta.created().expect("creation time"))
+            prefixes.iter().any(|p| name.starts_with(p)).then(|| {
+                let meta = e.metadata().expect("metadata");
+                ((meta.ino(), meta.created().expect("creation time")), name)
+            })
         })
         .collect()
 }
 
-/// No segment file in `dir` that was not among `before` (`when` names
-/// the moment in the failure).
-fn assert_no_file_made(dir: &Path, before: &BTreeSet<(u64, std::time::SystemTime)>, when: &str) {
-    let made: Vec<_> = files_ever(dir).difference(before).cloned().collect();
-    assert!(made.is_empty(), "new segment files {when}: {made:?}");
+/// Every segment in `dir`, and every free one, is a file that was among
+/// `before`: the rolls took files kept ready, none was made and
+/// zero-filled for them (`when` names the moment in the failure).
+///
+/// New `blank-` files are allowed: the store makes blanks ahead whenever
+/// its writer has written nothing for 50 ms, and on a slow disk one
+/// enqueue waiting for its fdatasync is such a moment. (A CI run once saw
+/// one new file during the burst, with the segments kept ready not yet
+/// used up; its name was not recorded then, and is printed now.) A blank
+/// made so is not what a roll writes into while older ready files
+/// remain, which is what this checks.
+fn assert_no_segment_made(dir: &Path, before: &BTreeSet<FileId>, when: &str) {
+    let made: Vec<String> = files_by_prefix(dir, &["segment-", "free-"])
+        .into_iter()
+        .filter(|(id, _)| !before.contains(id))
+        .map(|(_, name)| name)
+        .collect();
+    assert!(made.is_empty(), "segments made anew {when}: {made:?}");
 }
 
 /// The files in `dir` whose names start with `prefix`.
@@ -198,7 +222,7 @@ async fn drained(free_segments: usize) -> (tempfile::TempDir, LogConfig, LogQueu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
+async fn a_burst_after_a_drain_reuses_the_free_segments_and_makes_no_segment_anew() {
     let (dir, config, q) = drained(4).await;
     assert_eq!(
         ready_files(dir.path()),
@@ -215,7 +239,7 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
     // it, no segment is made anew.
     enqueue(&q, 1000..1170).await;
     assert!(ready_files(dir.path()) < 4, "the burst took free segments");
-    assert_no_file_made(dir.path(), &before, "during the burst");
+    assert_no_segment_made(dir.path(), &before, "during the burst");
     drop(q);
 
     // After a restart the rest are still free, and reused in turn.
@@ -233,7 +257,7 @@ async fn a_burst_after_a_drain_reuses_the_free_segments_and_creates_no_file() {
         ready_files(dir.path()) < free_left,
         "reused after the restart"
     );
-    assert_no_file_made(dir.path(), &before, "after the restart");
+    assert_no_segment_made(dir.path(), &before, "after the restart");
     assert_settled_is_duplicate(&q, "e17").await;
 }
 
@@ -274,7 +298,7 @@ async fn a_fresh_store_makes_blank_segments_while_idle_and_a_burst_writes_into_t
         files_named(dir.path(), "blank-") < 3,
         "the burst took blank segments"
     );
-    assert_no_file_made(dir.path(), &before, "during the burst");
+    assert_no_segment_made(dir.path(), &before, "during the burst");
     drop(q);
 
     let q = open(&config).await;
