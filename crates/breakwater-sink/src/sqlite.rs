@@ -23,6 +23,13 @@
 //! its own outcome, and duplicates within a group are told by the inbox
 //! as before (the first one's row is visible to the second).
 //!
+//! The acquire timeout bounds an apply's wait for its turn, in a group as
+//! for the connection: an event whose turn comes later than that after it
+//! joined the list (the events before it in its group were slow) fails as
+//! `pool_timeout` and is not started. So an apply is answered within about
+//! twice the acquire timeout plus one `statement_timeout` and a commit,
+//! however large its group.
+//!
 //! `statement_timeout` bounds each event's statements (the group's lock
 //! wait is bounded by `busy_timeout`, shorter): the connection's progress handler
 //! ([`Limits`], consulted every few thousand VM steps on the thread running
@@ -123,6 +130,10 @@ struct Waiting {
     /// Set when its caller goes away (the worker aborted at shutdown): it
     /// is not started, or its statement stops ([`Limits`]).
     stop: Arc<AtomicBool>,
+    /// The acquire timeout, from when it joined the list: not started
+    /// after it (`pool_timeout`), in a group or alone (`None`: a timeout
+    /// past what a clock can count).
+    turn_by: Option<Instant>,
     outcome: oneshot::Sender<Result<Applied, SinkError>>,
 }
 
@@ -297,10 +308,12 @@ impl Sink for SqliteSink {
         let _stop_if_dropped = StopOnDrop(Arc::clone(&stop));
         let number = self.next_apply.fetch_add(1, Ordering::Relaxed);
         let (outcome, mut answered) = oneshot::channel();
+        let turn_by = Instant::now().checked_add(self.acquire_timeout);
         lock(&self.waiting).push(Waiting {
             number,
             job,
             stop,
+            turn_by,
             outcome,
         });
         let conn = tokio::select! {
@@ -479,6 +492,17 @@ fn run_group(
                     "stopped before it ran: its caller went away",
                 );
                 outcomes.push((waiting, Err(stopped)));
+                continue;
+            }
+            if waiting.turn_by.is_some_and(|by| Instant::now() >= by) {
+                // The events before it in its group took longer than the
+                // acquire timeout: it fails as if it had waited for the
+                // connection that long, and is not started.
+                let late = SinkError::dependency(
+                    "pool_timeout",
+                    "timed out waiting for its turn on the SQLite connection",
+                );
+                outcomes.push((waiting, Err(late)));
                 continue;
             }
             limits.begin(timeout, &waiting.stop);

@@ -682,3 +682,75 @@ async fn an_apply_waiting_past_the_acquire_timeout_never_runs() {
     assert_eq!(ids, ["evt_waits"]);
     assert_eq!((hits, logged), (1, 1));
 }
+
+/// The acquire timeout bounds an apply's wait for its turn inside a group
+/// too: events queued behind a slow one in their group, whose turn comes
+/// past it, fail as `pool_timeout` and are never started (applied again,
+/// each is new).
+#[tokio::test]
+async fn an_apply_whose_turn_in_a_group_comes_past_the_acquire_timeout_never_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let mut s = settings(&path);
+    // Each slow read is stopped at 1 s. The holder's ends at about 1 s,
+    // well before the others' acquire timeout (1.5 s after they joined at
+    // about 0.1 s); the second slow one, first in the group they join,
+    // runs from about 1 s to 2 s, past the turn of the two after it.
+    s.statement_timeout = Duration::from_millis(1000);
+    s.acquire_timeout = Duration::from_millis(1500);
+    let all = with_slow_source(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+         WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''",
+    );
+    let sink = connect(&s, &all).await.expect("connect");
+    let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
+    let spawn_apply = |id: &'static str, source: &'static str, body: &'static str| {
+        let sink = std::sync::Arc::clone(&sink);
+        tokio::spawn(async move {
+            sink.apply(&Event {
+                source,
+                ..event(id, body.as_bytes())
+            })
+            .await
+        })
+    };
+    let holder = spawn_apply("evt_holds", "slow", "{}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Joined in this order: the group is taken in it.
+    let mut group = Vec::new();
+    for (id, source, body) in [
+        ("evt_slow", "slow", "{}"),
+        ("evt_late1", "stripe", paid),
+        ("evt_late2", "stripe", paid),
+    ] {
+        group.push(spawn_apply(id, source, body));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kind = |outcome: Result<Applied, breakwater_sink::SinkError>| match outcome {
+        Ok(applied) => format!("{applied:?}"),
+        Err(e) => e.kind.to_owned(),
+    };
+    assert_eq!(kind(holder.await.expect("task")), "statement_timeout");
+    let mut kinds = Vec::new();
+    for task in group {
+        kinds.push(kind(task.await.expect("task")));
+    }
+    assert_eq!(
+        kinds,
+        ["statement_timeout", "pool_timeout", "pool_timeout"],
+        "the slow one ran its course; the two after it were not started"
+    );
+    let (ids, hits, logged) = applied_state(&c);
+    assert!(ids.is_empty(), "nothing of the late ones applied: {ids:?}");
+    assert_eq!((hits, logged), (0, 0));
+    for id in ["evt_late1", "evt_late2"] {
+        assert_eq!(
+            sink.apply(&event(id, paid.as_bytes()))
+                .await
+                .expect("applies"),
+            Applied::New,
+            "{id} applies as new: it never ran"
+        );
+    }
+}
