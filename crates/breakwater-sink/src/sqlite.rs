@@ -12,10 +12,10 @@
 //!
 //! **Group commit.** Each commit fsyncs the WAL (`synchronous = FULL`, so
 //! an applied event survives a power cut before its message is acked),
-//! and one fsync per event bounded the applies (about 1–2k/s beside
-//! a flood of webhooks, 2.1k/s draining, `docs/measurements.md`). An apply joins a list
-//! and waits for the connection; whoever gets it runs the whole list
-//! ([`run_group`]): one transaction, each event in its own savepoint (a
+//! and one fsync per event bounded the applies (about 1–2k/s beside a
+//! flood of webhooks, 2.1k/s draining, `docs/measurements.md`). An apply
+//! joins a list and waits for the connection; whoever gets it runs the
+//! whole list ([`run_group`]): one transaction, each event in its own savepoint (a
 //! failed event rolls back to it, the others stay), one commit. An error
 //! after which SQLite has rolled the whole transaction back itself (an
 //! interrupted write, a full disk) fails its own event and runs the

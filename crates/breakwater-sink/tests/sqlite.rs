@@ -200,9 +200,7 @@ async fn a_statement_past_statement_timeout_is_interrupted_and_rolled_back() {
             // Runs for tens of seconds unless stopped: a scan the SQL did
             // not mean.
             StatementSpec {
-                sql: "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
-                      WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''"
-                    .to_owned(),
+                sql: SLOW_READ.to_owned(),
                 params: BTreeMap::new(),
             },
         ],
@@ -475,6 +473,32 @@ fn with_slow_source(sql: &str) -> BTreeMap<String, Vec<StatementSpec>> {
     all
 }
 
+/// A read that runs for tens of seconds unless the statement timeout
+/// stops it: a `slow` source ([`with_slow_source`]) that holds the
+/// connection.
+const SLOW_READ: &str = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
+                         WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''";
+
+/// Applies one event (id, source, body) from a task of its own.
+fn spawn_apply(
+    sink: &std::sync::Arc<dyn breakwater_sink::Sink>,
+    (id, source, body): (&str, &str, &str),
+) -> tokio::task::JoinHandle<Result<Applied, breakwater_sink::SinkError>> {
+    let (sink, id, source, body) = (
+        std::sync::Arc::clone(sink),
+        id.to_owned(),
+        source.to_owned(),
+        body.to_owned(),
+    );
+    tokio::spawn(async move {
+        sink.apply(&Event {
+            source: &source,
+            ..event(&id, body.as_bytes())
+        })
+        .await
+    })
+}
+
 /// Applies `events` (event id, source, body) at once, each from a task of
 /// its own, so those that wait for the connection commit as one group;
 /// the outcomes in the order given.
@@ -482,24 +506,7 @@ async fn apply_at_once(
     sink: &std::sync::Arc<dyn breakwater_sink::Sink>,
     events: &[(&str, &str, &str)],
 ) -> Vec<Result<Applied, breakwater_sink::SinkError>> {
-    let tasks: Vec<_> = events
-        .iter()
-        .map(|&(id, source, body)| {
-            let (sink, id, source, body) = (
-                std::sync::Arc::clone(sink),
-                id.to_owned(),
-                source.to_owned(),
-                body.to_owned(),
-            );
-            tokio::spawn(async move {
-                sink.apply(&Event {
-                    source: &source,
-                    ..event(&id, body.as_bytes())
-                })
-                .await
-            })
-        })
-        .collect();
+    let tasks: Vec<_> = events.iter().map(|&e| spawn_apply(sink, e)).collect();
     let mut outcomes = Vec::new();
     for task in tasks {
         outcomes.push(task.await.expect("apply task"));
@@ -642,22 +649,11 @@ async fn an_apply_waiting_past_the_acquire_timeout_never_runs() {
     let c = schema(&path);
     let mut s = settings(&path);
     s.statement_timeout = Duration::from_millis(1500);
-    let all = with_slow_source(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
-         WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''",
-    );
-    let sink = connect(&s, &all).await.expect("connect");
+    let sink = connect(&s, &with_slow_source(SLOW_READ))
+        .await
+        .expect("connect");
     let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
-    let holder = {
-        let sink = std::sync::Arc::clone(&sink);
-        tokio::spawn(async move {
-            sink.apply(&Event {
-                source: "slow",
-                ..event("evt_holds", b"{}")
-            })
-            .await
-        })
-    };
+    let holder = spawn_apply(&sink, ("evt_holds", "slow", "{}"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let err = sink
         .apply(&event("evt_waits", paid.as_bytes()))
@@ -699,32 +695,20 @@ async fn an_apply_whose_turn_in_a_group_comes_past_the_acquire_timeout_never_run
     // runs from about 1 s to 2 s, past the turn of the two after it.
     s.statement_timeout = Duration::from_millis(1000);
     s.acquire_timeout = Duration::from_millis(1500);
-    let all = with_slow_source(
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n \
-         WHERE i < 300000000) SELECT count(*) FROM n WHERE $entity <> ''",
-    );
-    let sink = connect(&s, &all).await.expect("connect");
+    let sink = connect(&s, &with_slow_source(SLOW_READ))
+        .await
+        .expect("connect");
     let paid = r#"{"data":{"object":{"status":"paid","amount":1}}}"#;
-    let spawn_apply = |id: &'static str, source: &'static str, body: &'static str| {
-        let sink = std::sync::Arc::clone(&sink);
-        tokio::spawn(async move {
-            sink.apply(&Event {
-                source,
-                ..event(id, body.as_bytes())
-            })
-            .await
-        })
-    };
-    let holder = spawn_apply("evt_holds", "slow", "{}");
+    let holder = spawn_apply(&sink, ("evt_holds", "slow", "{}"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Joined in this order: the group is taken in it.
     let mut group = Vec::new();
-    for (id, source, body) in [
+    for joining in [
         ("evt_slow", "slow", "{}"),
         ("evt_late1", "stripe", paid),
         ("evt_late2", "stripe", paid),
     ] {
-        group.push(spawn_apply(id, source, body));
+        group.push(spawn_apply(&sink, joining));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let kind = |outcome: Result<Applied, breakwater_sink::SinkError>| match outcome {
