@@ -13,6 +13,9 @@ use clap::{Parser, Subcommand};
 
 use admin_target::{AdminArg, AdminTarget, path_segment, urlencode};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// `print!` that returns an error instead of panicking when stdout is
 /// closed (`breakwater breaker status | head -2`): `main` ends quietly on
 /// it.
