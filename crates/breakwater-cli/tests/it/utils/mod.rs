@@ -125,7 +125,12 @@ impl Sandbox {
             // Two blanks, not the default's twelve: every test's store
             // zero-fills its blanks while it idles, on a disk all the
             // tests share.
-            || format!("[queue]\npath = \"{}\"\nfree_segments = 2\n", data.display()),
+            || {
+                format!(
+                    "[queue]\npath = \"{}\"\nfree_segments = 2\n",
+                    data.display()
+                )
+            },
             |q| q.replace("{queue_dir}", &data.display().to_string()),
         );
         let config = format!(
