@@ -603,6 +603,7 @@ impl<A: ProbeAdmission> Breaker<A> {
     pub fn evaluate(&mut self, now: Instant) -> Option<Transition> {
         let now_ms = self.ms(now);
         self.lock_wait.prune(now);
+        self.outcomes.judge_slow_calls(now_ms);
         let closed_since = self.closed_since_ms();
         self.queue.learn(now_ms, closed_since);
 

@@ -231,8 +231,9 @@ impl Default for FailureRatioConfig {
 }
 
 /// Trips when the share of calls slower than `slow_ms` is above `threshold`
-/// over `window_secs` (resilience4j's slow-call rate). Permanent failures are
-/// left out, like for the failure ratio.
+/// over `window_secs` (resilience4j's slow-call rate), and has stayed above
+/// it for `sustain_ms`. Permanent failures are left out, like for the
+/// failure ratio.
 #[derive(Debug, Clone, PartialEq)]
 #[cfg_attr(
     feature = "serde",
@@ -250,6 +251,14 @@ pub struct SlowCallConfig {
     pub window_secs: u64,
     /// No verdict below this many calls in the window.
     pub min_calls: u64,
+    /// How long the ratio must stay above `threshold`, at every tick,
+    /// before it trips, milliseconds; 0 = at once. Slowness is what the
+    /// adaptive limiter answers first (it cuts within a window or two): the
+    /// breaker trips on it only when the cuts did not bring the latency
+    /// back. A call slower than `slow_ms` has already taken that long, so
+    /// the wait adds little to a trip that real trouble earns. Failures
+    /// (timeouts, lost connections) trip at once as before.
+    pub sustain_ms: u64,
 }
 
 impl Default for SlowCallConfig {
@@ -260,6 +269,7 @@ impl Default for SlowCallConfig {
             threshold: 0.5,
             window_secs: 60,
             min_calls: 20,
+            sustain_ms: 2_000,
         }
     }
 }

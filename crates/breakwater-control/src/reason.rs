@@ -77,6 +77,9 @@ pub enum Reason {
         window_secs: u64,
         /// Calls in the window.
         calls: u64,
+        /// How long the ratio had stayed above the threshold,
+        /// milliseconds (`slow_calls.sustain_ms` asks for this long).
+        held_ms: u64,
     },
     /// Dead letters arriving faster than allowed.
     DlqVelocity {
@@ -236,10 +239,11 @@ impl fmt::Display for Reason {
                 slow_ms,
                 window_secs,
                 calls,
+                held_ms,
             } => write!(
                 f,
                 "slow-call ratio {ratio:.2} > {threshold:.2} (calls > {slow_ms} ms) over \
-                 {window_secs} s, {calls} calls"
+                 {window_secs} s, {calls} calls, held {held_ms} ms"
             ),
             Self::DlqVelocity {
                 per_sec,

@@ -592,17 +592,47 @@ fn empty_ramp_closes_at_once() {
 }
 
 #[test]
-fn slow_calls_trip() {
+fn slow_calls_trip_once_the_ratio_has_held_for_sustain_ms() {
     let mut h = H::new(cfg());
     h.outcomes(10, Outcome::success(Duration::from_millis(6_000)));
     h.outcomes(10, Outcome::success(FAST));
     assert_eq!(h.tick(100), None, "0.5 is not > 0.5");
     h.outcomes(1, Outcome::success(Duration::from_millis(6_000)));
-    let t = h.tick(100).expect("trips");
+    assert_eq!(h.tick(100), None, "above the threshold, not yet for 2 s");
+    assert_eq!(h.tick(1_999), None, "1,999 ms of 2,000");
+    let t = h.tick(1).expect("trips after 2 s above the threshold");
     assert_eq!(
         t.reason.to_string(),
-        "slow-call ratio 0.52 > 0.50 (calls > 5000 ms) over 60 s, 21 calls"
+        "slow-call ratio 0.52 > 0.50 (calls > 5000 ms) over 60 s, 21 calls, held 2000 ms"
     );
+}
+
+#[test]
+fn a_slow_call_ratio_that_falls_back_before_sustain_ms_does_not_trip() {
+    // The limiter's cut brought the calls back: the run above the
+    // threshold ends, and a later one counts from its own start.
+    let mut h = H::new(cfg());
+    h.outcomes(11, Outcome::success(Duration::from_millis(6_000)));
+    h.outcomes(10, Outcome::success(FAST));
+    assert_eq!(h.tick(100), None);
+    assert_eq!(h.tick(1_500), None, "held 1.5 s");
+    h.outcomes(2, Outcome::success(FAST));
+    assert_eq!(h.tick(100), None, "11 of 23: back under");
+    h.outcomes(3, Outcome::success(Duration::from_millis(6_000)));
+    assert_eq!(h.tick(100), None, "14 of 26: above again, from now");
+    assert_eq!(h.tick(1_900), None, "held 1.9 s of the new run");
+    assert!(h.tick(100).is_some(), "held 2 s");
+}
+
+#[test]
+fn a_sustain_of_zero_trips_on_the_first_tick_above_the_threshold() {
+    let mut c = cfg();
+    c.slow_calls.sustain_ms = 0;
+    let mut h = H::new(c);
+    h.outcomes(11, Outcome::success(Duration::from_millis(6_000)));
+    h.outcomes(10, Outcome::success(FAST));
+    let t = h.tick(100).expect("trips at once");
+    assert!(t.reason.to_string().ends_with("held 0 ms"), "{}", t.reason);
 }
 
 #[test]

@@ -181,6 +181,9 @@ pub(crate) struct OutcomeSignals {
     /// This node's latest calls that failed on the dependency in a row (a
     /// success ends the streak; poison and contention leave it).
     streak: u32,
+    /// Since when the slow-call ratio has been above its threshold at
+    /// every [`OutcomeSignals::judge_slow_calls`] (`None`: it is not).
+    slow_over_since: Option<u64>,
 }
 
 impl OutcomeSignals {
@@ -193,6 +196,7 @@ impl OutcomeSignals {
             slow: RollingWindow::new(Duration::from_secs(slow_cfg.window_secs)),
             own: None,
             streak: 0,
+            slow_over_since: None,
         }
     }
 
@@ -257,6 +261,7 @@ impl OutcomeSignals {
         self.failures.clear();
         self.slow.clear();
         self.streak = 0;
+        self.slow_over_since = None;
         if let Some(own) = &mut self.own {
             own.clear();
         }
@@ -315,27 +320,63 @@ impl OutcomeSignals {
         }
     }
 
-    pub(crate) fn slow_calls(&self, now_ms: u64) -> Reading {
+    /// Whether the slow-call ratio is above its threshold over the window
+    /// (with the calls it needs), and the window's sums.
+    fn slow_over(&self, now_ms: u64) -> (bool, Slow) {
         let c = &self.slow_cfg;
         let b = self.slow.sum(now_ms);
+        let judged = b.calls >= c.min_calls && b.calls > 0;
+        (judged && ratio(b.slow, b.calls) > c.threshold, b)
+    }
+
+    /// Notes, once per evaluation, whether the slow-call ratio is above its
+    /// threshold: `slow_calls.sustain_ms` counts from the first such
+    /// evaluation in an unbroken run of them.
+    pub(crate) fn judge_slow_calls(&mut self, now_ms: u64) {
+        let (over, _) = self.slow_over(now_ms);
+        self.slow_over_since = if over {
+            Some(self.slow_over_since.unwrap_or(now_ms))
+        } else {
+            None
+        };
+    }
+
+    pub(crate) fn slow_calls(&self, now_ms: u64) -> Reading {
+        let c = &self.slow_cfg;
+        let (over, b) = self.slow_over(now_ms);
         let ratio = ratio(b.slow, b.calls);
         let judged = b.calls >= c.min_calls && b.calls > 0;
-        let trip = (c.enabled && judged && ratio > c.threshold).then_some(Reason::SlowCalls {
+        // Held since the first judged evaluation above the threshold; a
+        // reading taken before any (a status at start) counts from now.
+        let held_ms = match (over, self.slow_over_since) {
+            (true, Some(since)) => now_ms.saturating_sub(since),
+            _ => 0,
+        };
+        let sustained = over && held_ms >= c.sustain_ms;
+        let trip = (c.enabled && sustained).then_some(Reason::SlowCalls {
             ratio,
             threshold: c.threshold,
             slow_ms: c.slow_ms,
             window_secs: c.window_secs,
             calls: b.calls,
+            held_ms,
         });
+        let mut detail = format!(
+            "{} of {} calls slower than {} ms over {} s (min {})",
+            b.slow, b.calls, c.slow_ms, c.window_secs, c.min_calls
+        );
+        if over && !sustained {
+            detail.push_str(&format!(
+                "; above the threshold for {held_ms} of the {} ms that trip it",
+                c.sustain_ms
+            ));
+        }
         Reading {
             kind: SignalKind::SlowCalls,
             enabled: c.enabled,
             value: judged.then_some(ratio),
             threshold: c.threshold,
-            detail: format!(
-                "{} of {} calls slower than {} ms over {} s (min {})",
-                b.slow, b.calls, c.slow_ms, c.window_secs, c.min_calls
-            ),
+            detail,
             trip,
         }
     }
@@ -470,9 +511,14 @@ mod tests {
             };
             s.record(Outcome::success(latency), 0);
         }
+        s.judge_slow_calls(0);
         let r = s.slow_calls(0);
         assert_eq!(r.value, Some(0.55));
-        assert!(r.trip.is_some());
+        assert!(r.trip.is_none(), "above the threshold, not yet for 2 s");
+        assert!(r.detail.contains("for 0 of the 2000 ms"), "{}", r.detail);
+        s.judge_slow_calls(1_000);
+        let r = s.slow_calls(2_000);
+        assert!(r.trip.is_some(), "held 2 s: {}", r.detail);
     }
 
     #[test]
