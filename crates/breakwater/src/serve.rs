@@ -33,6 +33,7 @@ use crate::events::journal::EventJournal;
 use crate::ingress::{ApplyStatus, Ingress};
 use crate::queue::{OpenMode, Queue};
 use crate::source;
+use crate::worker::apply_runtime::ApplyRuntime;
 use crate::worker::lanes::LaneSettings;
 use crate::worker::{Controller, ParkedKeys, WorkerSettings, Workers};
 
@@ -63,6 +64,8 @@ pub enum ServeError {
     Breaker(#[from] breakwater_control::ConfigError),
     #[error("[fleet]")]
     Fleet(#[from] breakwater_fleet::FleetError),
+    #[error("cannot start the workers' runtime")]
+    ApplyRuntime(#[source] std::io::Error),
     #[error("cannot listen on {addr} ({what}): {error}")]
     Bind {
         what: &'static str,
@@ -115,6 +118,9 @@ pub struct Running {
     fatal: watch::Receiver<Option<String>>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The workers' own runtime, beside an ingress (role `all`); last, so
+    /// that it goes once everything on it has ended.
+    apply_runtime: Option<ApplyRuntime>,
 }
 
 impl Running {
@@ -137,6 +143,7 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+        drop(self.apply_runtime);
     }
 }
 
@@ -584,6 +591,7 @@ pub async fn start_with(
     tracing::info!(addr = %admin_addr, "admin listening: /metrics /queue/stats /breaker");
 
     let mut workers = None;
+    let mut apply_runtime = None;
     if let (Some(parked), Some(controller)) = (parked, &controller) {
         // With the ingress in this process, a database that does not answer
         // must not keep it from taking webhooks: they wait in the queue.
@@ -603,6 +611,16 @@ pub async fn start_with(
             tasks.extend(handles);
             shared
         });
+        // Beside an ingress, the workers take the CPU the ingress leaves.
+        if role == Role::All {
+            apply_runtime =
+                ApplyRuntime::start(config.workers.nice).map_err(ServeError::ApplyRuntime)?;
+        }
+        let main_runtime = tokio::runtime::Handle::current();
+        let runtime = apply_runtime
+            .as_ref()
+            .and_then(ApplyRuntime::handle)
+            .unwrap_or(&main_runtime);
         workers = Some(Workers::start_in_fleet(
             Arc::clone(&queue),
             sink,
@@ -610,9 +628,11 @@ pub async fn start_with(
             settings,
             parked,
             shared_parks,
+            runtime,
         ));
         tracing::info!(
             max_concurrency = config.workers.max_concurrency,
+            nice = apply_runtime.as_ref().map_or(0, |_| config.workers.nice),
             "workers started"
         );
     }
@@ -626,5 +646,6 @@ pub async fn start_with(
         fatal,
         stop,
         tasks,
+        apply_runtime,
     })
 }

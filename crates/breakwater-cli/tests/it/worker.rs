@@ -646,3 +646,97 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     }
     names
 }
+
+/// Each thread of process `pid`: its name and its nice value (Linux's
+/// `/proc/PID/task/TID/stat`, the 19th field).
+fn thread_nices(pid: u32) -> Vec<(String, i32)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let dir = task.expect("task").path();
+        let (Ok(name), Ok(stat)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("stat")),
+        ) else {
+            continue; // the thread ended meanwhile
+        };
+        // After the name in parentheses: state is field 3, nice field 19.
+        let after_name = &stat[stat.rfind(')').expect("stat") + 1..];
+        let nice = after_name
+            .split_whitespace()
+            .nth(16)
+            .and_then(|n| n.parse().ok())
+            .expect("nice field");
+        threads.push((name.trim().to_owned(), nice));
+    }
+    threads
+}
+
+/// Applies `n` webhooks through `server` (its SQLite sink) and waits until
+/// the queue has acknowledged them all.
+async fn apply_webhooks(http: &Http, server: &Server, prefix: &str, n: u64) {
+    for i in 0..n {
+        let event = stripe_event(&format!("{prefix}_{i}"), &i.to_string());
+        let answer = post_stripe(http, server, event).await;
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{:?}", answer.body);
+    }
+    wait_for(
+        "the webhooks to be applied",
+        Duration::from_secs(20),
+        async || queue_stats(http, server).await["acked_total"].as_u64() >= Some(n),
+    )
+    .await;
+}
+
+/// Beside the ingress (role `all`) the workers run on threads of their
+/// own, `workers.nice` steps below the ingress's, and apply as before; with
+/// `workers.nice = 0` they share the ingress's threads.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_the_ingress_the_workers_run_at_a_lower_cpu_priority() {
+    let http = Http::default();
+    let sandbox = Sandbox::new("");
+    let server = sandbox.start();
+    apply_webhooks(&http, &server, "evt_nice", 3).await;
+    let threads = thread_nices(server.child.id());
+    let base = threads
+        .iter()
+        .find(|(name, _)| name == "breakwater")
+        .map(|(_, nice)| *nice)
+        .unwrap_or_else(|| panic!("no main thread in {threads:?}"));
+    let apply: Vec<i32> = threads
+        .iter()
+        .filter(|(name, _)| name == "bw-apply")
+        .map(|(_, nice)| *nice)
+        .collect();
+    assert!(!apply.is_empty(), "no worker thread in {threads:?}");
+    let lowered = (base + 10).min(19);
+    assert!(
+        apply.iter().all(|&nice| nice == lowered),
+        "workers at {apply:?}, want {lowered}: {threads:?}"
+    );
+    // The main runtime's threads (`tokio-rt-worker`, blocking ones
+    // too), the queue's writer and the rest stay where they were.
+    let others: Vec<i32> = threads
+        .iter()
+        .filter(|(name, _)| name != "bw-apply")
+        .map(|(_, nice)| *nice)
+        .collect();
+    assert!(
+        threads.iter().any(|(name, _)| name.starts_with("tokio-")),
+        "no ingress thread in {threads:?}"
+    );
+    assert!(
+        others.iter().all(|&nice| nice == base),
+        "the ingress's threads moved: {threads:?}"
+    );
+    drop(server);
+
+    let sandbox = Sandbox::new("[workers]\nnice = 0\n");
+    let server = sandbox.start();
+    apply_webhooks(&http, &server, "evt_nice_zero", 3).await;
+    let threads = thread_nices(server.child.id());
+    assert!(
+        threads.iter().all(|(name, _)| name != "bw-apply"),
+        "nice = 0 keeps one runtime: {threads:?}"
+    );
+}

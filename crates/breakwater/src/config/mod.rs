@@ -266,6 +266,12 @@ pub struct WorkersConfig {
     pub backoff_jitter: BackoffJitter,
     /// Messages of one entity key applied at once (hot-key lanes); 0 = no limit.
     pub per_key_concurrency: u32,
+    /// In a process that also runs the ingress (role `all`), how many
+    /// steps of the Unix nice value the workers' threads run below it
+    /// (0-19; 0 = on the ingress's own threads), so that under a flood the
+    /// CPU goes to taking webhooks first and the applies catch up after
+    /// (`worker/apply_runtime.rs`). Linux only.
+    pub nice: u8,
 }
 
 impl Default for WorkersConfig {
@@ -281,6 +287,7 @@ impl Default for WorkersConfig {
             backoff_cap_ms: 30_000,
             backoff_jitter: BackoffJitter::Full,
             per_key_concurrency: 1,
+            nice: 10,
         }
     }
 }

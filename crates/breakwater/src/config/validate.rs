@@ -50,6 +50,15 @@ impl Config {
                 ));
             }
         }
+        if i32::from(self.workers.nice) > 19 {
+            return Err(ConfigError::invalid(
+                "workers.nice",
+                format!(
+                    "{} is past the lowest priority there is: 0 (the ingress's) to 19",
+                    self.workers.nice
+                ),
+            ));
+        }
         if self.workers.max_attempts == 0 {
             return Err(ConfigError::invalid(
                 "workers.max_attempts",

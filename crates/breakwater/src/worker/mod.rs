@@ -29,6 +29,7 @@
 //! running applies finish (up to [`SHUTDOWN_GRACE`], then aborts them and
 //! releases their messages) and releases what waits in the lanes.
 
+pub mod apply_runtime;
 pub mod lanes;
 pub mod settle;
 
@@ -260,10 +261,12 @@ impl Workers {
         settings: WorkerSettings,
         parked: ParkedKeys,
     ) -> Self {
-        Self::start_in_fleet(queue, sink, controller, settings, parked, None)
+        let here = tokio::runtime::Handle::current();
+        Self::start_in_fleet(queue, sink, controller, settings, parked, None, &here)
     }
 
-    /// [`Workers::start`], sharing hot-key parks with a fleet.
+    /// [`Workers::start`], sharing hot-key parks with a fleet, the
+    /// dispatcher (and so every apply it spawns) on `runtime`.
     pub fn start_in_fleet(
         queue: Arc<dyn Queue>,
         sink: Arc<dyn Sink>,
@@ -271,6 +274,7 @@ impl Workers {
         settings: WorkerSettings,
         parked: ParkedKeys,
         shared_parks: Option<SharedParks>,
+        runtime: &tokio::runtime::Handle,
     ) -> Self {
         let capabilities = queue.capabilities();
         let filters_keys = capabilities.filters_keys;
@@ -304,7 +308,7 @@ impl Workers {
             filters_keys,
             shared_parks,
         };
-        let task = tokio::spawn(dispatcher.run(stop_rx));
+        let task = runtime.spawn(dispatcher.run(stop_rx));
         Self { stop, task }
     }
 
