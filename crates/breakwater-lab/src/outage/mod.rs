@@ -181,6 +181,10 @@ pub struct LabArgs {
     /// 16, no slow start).
     #[arg(long, value_name = "N")]
     pub initial_concurrency: Option<u32>,
+    /// How many nice steps every mode's workers run below its ingress
+    /// (`workers.nice`; default the config's, 10; 0: one runtime).
+    #[arg(long, value_name = "N")]
+    pub workers_nice: Option<u8>,
     /// Breakwater mode's pool (`sink.pool_max`, the limiter's ceiling);
     /// the naive consumer keeps its 20, fixed mode its 16 workers.
     #[arg(long, default_value_t = 64)]
@@ -382,6 +386,9 @@ fn mode_config(
     c.sink.pool_max = 20;
     if let Some(ms) = args.slow_call_ms {
         c.breaker.slow_calls.slow_ms = ms;
+    }
+    if let Some(nice) = args.workers_nice {
+        c.workers.nice = nice;
     }
     match mode {
         Mode::Breakwater => {

@@ -107,14 +107,13 @@ pub fn this_thread_nice() -> Option<i32> {
 mod tests {
     use super::*;
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn its_threads_run_at_the_lowered_priority_and_others_do_not() {
         let base = this_thread_nice();
-        let rt = ApplyRuntime::start(10).expect("runtime");
-        let Some(rt) = rt else {
-            assert!(!cfg!(target_os = "linux"), "Linux lowers the workers");
-            return;
-        };
+        let rt = ApplyRuntime::start(10)
+            .expect("runtime")
+            .expect("Linux lowers the workers");
         let handle = rt.handle().expect("running").clone();
         let on_worker = handle.block_on(async { tokio::spawn(async { this_thread_nice() }).await });
         let on_blocking =
