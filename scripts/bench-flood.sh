@@ -30,22 +30,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 command -v wrk >/dev/null || apt-get install -y wrk >/dev/null
 [ -x "$BIN" ] || cargo build --release -q -p breakwater-cli
 
-cat >"$WORK/breakwater.toml" <<TOML
-[ingress]
-listen = "127.0.0.1:$PORT"
-[admin]
-listen = "127.0.0.1:$ADMIN_PORT"
-[queue]
-path = "$WORK/queue"
-[sink]
-url = "sqlite://$WORK/sink.db"
-[[source]]
-name = "stripe"
-scheme = "stripe"
-secrets = ["whsec_bench_secret_0123456789abcdef"]
-event_id = "json:/id"
-entity_key = "json:/data/object/id"
-TOML
+. scripts/bench-outside/config.sh
+write_breakwater_config "$WORK/breakwater.toml" "$PORT" "127.0.0.1:$ADMIN_PORT" "$WORK"
 
 # Each thread group's CPU seconds so far, as "name=seconds ...".
 thread_cpu() {

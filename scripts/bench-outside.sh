@@ -39,22 +39,8 @@ cargo build --release -q -p breakwater-lab --example floor_server
 BIN="${BIN:-target/release/breakwater}"
 FLOOR=target/release/examples/floor_server
 
-cat >"$WORK/breakwater.toml" <<TOML
-[ingress]
-listen = "127.0.0.1:$PORT"
-[admin]
-listen = "127.0.0.1:0"
-[queue]
-path = "$WORK/queue"
-[sink]
-url = "sqlite://$WORK/sink.db"
-[[source]]
-name = "stripe"
-scheme = "stripe"
-secrets = ["whsec_bench_secret_0123456789abcdef"]
-event_id = "json:/id"
-entity_key = "json:/data/object/id"
-TOML
+. scripts/bench-outside/config.sh
+write_breakwater_config "$WORK/breakwater.toml" "$PORT" "127.0.0.1:0" "$WORK"
 
 # Waits until `port` takes connections (at most 10 s).
 wait_port() {
