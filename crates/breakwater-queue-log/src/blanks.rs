@@ -13,9 +13,9 @@
 //! So while there are fewer than `free_segments` free and blank segments
 //! together, one thread at a time makes blank ones (`blank-<n>.log`,
 //! [`segment::make_blank`]), a 256 KiB chunk at a time and only while the
-//! writer has written nothing for [`IDLE`]: a burst that starts meanwhile
-//! waits behind one chunk at most, and the zeroing waits for the next
-//! quiet moment. A blank is made only while the disk keeps room for a
+//! writer has written nothing and had no group under way for [`IDLE`]: a
+//! burst that starts meanwhile waits behind one chunk at most, and the
+//! zeroing waits for the next quiet moment, never for a slow sync. A blank is made only while the disk keeps room for a
 //! segment more besides it. At a roll with no free segment, a blank
 //! becomes the next segment ([`segment::reuse_blank`]): renamed, a
 //! header written, no zeros. A stop or a crash leaves at most a
@@ -23,8 +23,8 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -43,13 +43,28 @@ const RETRY_AFTER: Duration = Duration::from_secs(60);
 pub(crate) struct Blanks {
     dir: PathBuf,
     size: u64,
-    /// Ready, by number, oldest first.
-    ready: Arc<Mutex<Vec<u64>>>,
+    stock: Arc<Mutex<Stock>>,
     /// The number of the next blank.
-    next: u64,
+    next: Arc<AtomicU64>,
     making: Option<Making>,
     /// No attempt before this, after one failed.
     retry_at: Option<Instant>,
+}
+
+/// What the writer and the thread making blanks share.
+#[derive(Debug, Default)]
+struct Stock {
+    /// Ready, by number, oldest first.
+    ready: Vec<u64>,
+    /// How many the writer wants ready.
+    want: usize,
+    /// A thread is making blanks. It stops only once `ready` holds `want`,
+    /// checked under the same lock as a new `want` is set, so blanks taken
+    /// while it works are made too. Until 2026-12-07 a thread made only
+    /// those missing when it started, and the next top-up waited for the
+    /// writer's next group: an idle store refilled one blank of eight
+    /// after a flood.
+    making: bool,
 }
 
 struct Making {
@@ -68,7 +83,7 @@ impl Blanks {
             tracing::warn!(error = %e, "cannot list the queue's blank segments");
             Vec::new()
         });
-        let next = found.last().map_or(1, |n| n + 1);
+        let next = Arc::new(AtomicU64::new(found.last().map_or(1, |n| n + 1)));
         let mut ready = Vec::new();
         for number in found {
             let path = segment::blank_path(dir, number);
@@ -83,7 +98,10 @@ impl Blanks {
         Self {
             dir: dir.to_owned(),
             size,
-            ready: Arc::new(Mutex::new(ready)),
+            stock: Arc::new(Mutex::new(Stock {
+                ready,
+                ..Stock::default()
+            })),
             next,
             making: None,
             retry_at: None,
@@ -92,49 +110,56 @@ impl Blanks {
 
     /// Blank segments ready.
     pub(crate) fn len(&self) -> usize {
-        self.ready
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        lock(&self.stock).ready.len()
     }
 
     /// The oldest blank segment ready, taken out of the pool.
     pub(crate) fn take(&mut self) -> Option<u64> {
-        let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
-        (!ready.is_empty()).then(|| ready.remove(0))
+        let mut stock = lock(&self.stock);
+        (!stock.ready.is_empty()).then(|| stock.ready.remove(0))
     }
 
-    /// Starts making blanks until `want` are ready, unless a thread is
-    /// already at it or the last attempt failed less than
-    /// [`RETRY_AFTER`] ago. Cheap enough for after every group.
+    /// Has blanks made until `want` are ready: a thread already at it
+    /// goes on to the new count; else one starts, unless the last attempt
+    /// failed less than [`RETRY_AFTER`] ago. Cheap enough for after every
+    /// group.
     pub(crate) fn top_up(&mut self, want: usize, progress: &Arc<WriterProgress>) {
-        if let Some(making) = &self.making {
-            if !making.handle.is_finished() {
+        {
+            let mut stock = lock(&self.stock);
+            stock.want = want;
+            if stock.making || stock.ready.len() >= want {
                 return;
             }
-            if let Some(making) = self.making.take() {
-                match making.handle.join() {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => self.failed(&e.to_string()),
-                    Err(_) => self.failed("the blank segment thread panicked"),
-                }
+        }
+        // The last thread, if any, has stopped (or is about to): hear
+        // how it ended.
+        if let Some(making) = self.making.take() {
+            match making.handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => self.failed(&e.to_string()),
+                Err(_) => self.failed("the blank segment thread panicked"),
             }
         }
-        let missing = want.saturating_sub(self.len());
-        if missing == 0 || self.retry_at.is_some_and(|at| Instant::now() < at) {
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
             return;
         }
-        let numbers = self.next..self.next + missing as u64;
-        self.next = numbers.end;
+        lock(&self.stock).making = true;
         let stop = Arc::new(AtomicBool::new(false));
-        let (dir, size, ready) = (self.dir.clone(), self.size, Arc::clone(&self.ready));
+        let (dir, size) = (self.dir.clone(), self.size);
+        let (stock, next) = (Arc::clone(&self.stock), Arc::clone(&self.next));
         let mut idle = IdleWait::new(Arc::clone(progress), Arc::clone(&stop));
         let made = std::thread::Builder::new()
             .name("queue-blank".into())
-            .spawn(move || make(&dir, size, numbers, &ready, &mut idle));
+            .spawn(move || {
+                let _done = Done(&stock);
+                make(&dir, size, &stock, &next, &mut idle)
+            });
         match made {
             Ok(handle) => self.making = Some(Making { stop, handle }),
-            Err(e) => self.failed(&e.to_string()),
+            Err(e) => {
+                lock(&self.stock).making = false;
+                self.failed(&e.to_string());
+            }
         }
     }
 
@@ -158,19 +183,45 @@ impl Blanks {
     }
 }
 
-/// Makes blanks `numbers` one after another, each only while the disk
-/// keeps a segment's room more besides it.
+fn lock(stock: &Mutex<Stock>) -> MutexGuard<'_, Stock> {
+    stock.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Marks the stock as no longer being made when the thread making it
+/// ends, however it ends.
+struct Done<'a>(&'a Mutex<Stock>);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        lock(self.0).making = false;
+    }
+}
+
+/// Makes blanks one after another until the stock holds as many as the
+/// writer wants (read before each, so blanks taken meanwhile are made
+/// too), each only while the disk keeps a segment's room more besides
+/// it.
 fn make(
     dir: &Path,
     size: u64,
-    numbers: std::ops::Range<u64>,
-    ready: &Mutex<Vec<u64>>,
+    stock: &Mutex<Stock>,
+    next: &AtomicU64,
     idle: &mut IdleWait,
 ) -> io::Result<()> {
-    for number in numbers {
+    loop {
+        {
+            let mut stock = lock(stock);
+            if stock.ready.len() >= stock.want {
+                // Under the lock a top-up raising `want` also reads: it
+                // starts the next thread, this one is done.
+                stock.making = false;
+                return Ok(());
+            }
+        }
         if !idle.wait() {
             return Ok(());
         }
+        let number = next.fetch_add(1, Ordering::Relaxed);
         let available = available_bytes(dir)?;
         if available < size.saturating_mul(2) {
             return Err(io::Error::new(
@@ -181,13 +232,9 @@ fn make(
         if !segment::make_blank(dir, number, size, || idle.wait())? {
             return Ok(());
         }
-        ready
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(number);
+        lock(stock).ready.push(number);
         metrics::counter!(telemetry::QUEUE_SEGMENTS_MADE_AHEAD).increment(1);
     }
-    Ok(())
 }
 
 /// Bytes an unprivileged writer may still use on the file system of
@@ -197,7 +244,12 @@ fn available_bytes(dir: &Path) -> io::Result<u64> {
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
-/// Waits for the writer to be idle: its position unmoved for [`IDLE`].
+/// Waits for the writer to be idle: its position unmoved and no group
+/// under way for [`IDLE`]. A group whose `fdatasync` is slow leaves the
+/// position unmoved too: zeros written then would queue in front of that
+/// sync and make it slower still, and until 2026-12-07 they did, a chunk
+/// after another for as long as the sync lasted (a 55 ms group grew into
+/// 159 and 575 ms ones under `bench ingress` at half load).
 struct IdleWait {
     progress: Arc<WriterProgress>,
     stop: Arc<AtomicBool>,
@@ -214,12 +266,13 @@ impl IdleWait {
         }
     }
 
-    /// Returns at once while the writer has not moved since it was last
-    /// seen idle, else once it has not moved for [`IDLE`]; false when
-    /// asked to stop (the stopper unparks this thread).
+    /// Returns at once while the writer has neither moved nor begun a
+    /// group since it was last seen idle, else once it has done neither
+    /// for [`IDLE`]; false when asked to stop (the stopper unparks this
+    /// thread).
     fn wait(&mut self) -> bool {
         let mut at = self.progress.at();
-        if self.idle_at == Some(at) {
+        if self.idle_at == Some(at) && !self.progress.in_group() {
             return !self.stopped();
         }
         loop {
@@ -231,7 +284,7 @@ impl IdleWait {
                 return false;
             }
             let now = self.progress.at();
-            if now == at {
+            if now == at && !self.progress.in_group() {
                 self.idle_at = Some(now);
                 return true;
             }
@@ -281,6 +334,38 @@ mod tests {
     }
 
     #[test]
+    fn a_group_stuck_in_its_sync_holds_the_zeros_though_its_position_is_unmoved() {
+        let progress = Arc::new(WriterProgress::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut idle = IdleWait::new(Arc::clone(&progress), Arc::clone(&stop));
+        assert!(idle.wait(), "an idle writer lets a chunk go");
+
+        // A group begins and its sync takes 4 x IDLE: the position stays
+        // where it was, as the writer's does until the sync returns.
+        progress.begin_group();
+        let writer = {
+            let progress = Arc::clone(&progress);
+            std::thread::spawn(move || {
+                std::thread::sleep(IDLE * 4);
+                progress.set(4096);
+            })
+        };
+        let started = Instant::now();
+        assert!(idle.wait());
+        assert_eq!(
+            progress.at(),
+            4096,
+            "no chunk while the group was under way"
+        );
+        assert!(
+            started.elapsed() >= IDLE * 5,
+            "then the writer had to idle for IDLE: {:?}",
+            started.elapsed()
+        );
+        writer.join().expect("writer");
+    }
+
+    #[test]
     fn a_stop_ends_the_wait() {
         let progress = Arc::new(WriterProgress::default());
         let stop = Arc::new(AtomicBool::new(true));
@@ -309,7 +394,11 @@ mod tests {
             2,
             "only the two kept are left (taken is not deleted): {left:?}"
         );
-        assert_eq!(blanks.next, 5, "numbers go on after the last found");
+        assert_eq!(
+            blanks.next.load(Ordering::Relaxed),
+            5,
+            "numbers go on after the last found"
+        );
     }
 
     #[test]
@@ -331,5 +420,34 @@ mod tests {
         }
         blanks.top_up(2, &progress);
         assert!(blanks.making.is_none(), "none missing, none made");
+    }
+
+    #[test]
+    fn blanks_taken_while_the_thread_waits_are_made_too_with_no_later_top_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let size = 64 << 10;
+        for number in 1..=3 {
+            std::fs::write(segment::blank_path(dir.path(), number), vec![0; size]).expect("write");
+        }
+        let progress = Arc::new(WriterProgress::default());
+        let mut blanks = Blanks::open(dir.path(), size as u64, 3);
+        assert_eq!(blanks.len(), 3);
+
+        // A flood: the writer takes all three, topping up after each
+        // group, while busy, so the thread started at the first waits.
+        progress.begin_group();
+        for taken in 1..=3 {
+            assert_eq!(blanks.take(), Some(taken));
+            blanks.top_up(3, &progress);
+        }
+        // Then it idles for good: no group, no top-up.
+        progress.set(4096);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while blanks.len() < 3 && Instant::now() < deadline {
+            std::thread::sleep(IDLE);
+        }
+        assert_eq!(blanks.len(), 3, "the whole stock is made again");
+        blanks.stop();
+        assert_eq!(blanks.take(), Some(4), "numbered after the ones taken");
     }
 }

@@ -39,19 +39,36 @@ fn chunk_delay(remaining: u64, rate: f64, chunks_left: u64, took: Duration) -> D
     Duration::from_secs_f64(wait.min(MAX_DELAY.as_secs_f64()))
 }
 
-/// What the writer shares with the thread making its next segment.
+/// What the writer shares with the threads writing zeros beside it: the
+/// one making its next segment, and the one making blanks
+/// ([`crate::blanks`]).
 #[derive(Debug, Default)]
 pub(crate) struct WriterProgress {
     /// Where the writer's next group starts in the current segment.
     at: AtomicU64,
+    /// A group is being applied, written or synced: its position has not
+    /// moved yet, but the writer is not idle.
+    in_group: AtomicBool,
     /// The writer is waiting for the segment: no more pacing.
     hurry: AtomicBool,
 }
 
 impl WriterProgress {
-    /// Records where the writer's next group starts.
+    /// Records where the writer's next group starts, its group done.
     pub(crate) fn set(&self, at: u64) {
         self.at.store(at, Ordering::Relaxed);
+        self.in_group.store(false, Ordering::Relaxed);
+    }
+
+    /// Records that the writer has started a group; [`Self::set`] ends it.
+    pub(crate) fn begin_group(&self) {
+        self.in_group.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a group is under way: a slow `fdatasync` leaves the
+    /// position unmoved for as long as it takes.
+    pub(crate) fn in_group(&self) -> bool {
+        self.in_group.load(Ordering::Relaxed)
     }
 
     /// Where the writer's next group starts: it moves with every group

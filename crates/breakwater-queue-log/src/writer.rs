@@ -373,6 +373,7 @@ impl Writer {
         self.top_up_blanks();
         while let Some(first) = rx.blocking_recv() {
             batch.push(first);
+            self.progress.begin_group();
             // Whatever has queued, no linger: a group costs one write and
             // one fdatasync and next to no CPU, so waiting for company
             // saves little and adds its length to every group. The
