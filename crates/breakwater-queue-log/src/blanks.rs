@@ -14,16 +14,17 @@
 //! together, one thread at a time makes blank ones (`blank-<n>.log`,
 //! [`segment::make_blank`]), a 256 KiB chunk at a time and only while the
 //! writer has written nothing and had no group under way for [`IDLE`]: a
-//! burst that starts meanwhile waits behind one chunk at most, and the
-//! zeroing waits for the next quiet moment, never for a slow sync. A blank is made only while the disk keeps room for a
-//! segment more besides it. At a roll with no free segment, a blank
+//! burst that starts meanwhile waits behind one chunk at most, a slow
+//! sync never has zeros queued in front of it, and the zeroing waits for
+//! the next quiet moment. A blank is made only while the disk keeps room
+//! for a segment more besides it. At a roll with no free segment, a blank
 //! becomes the next segment ([`segment::reuse_blank`]): renamed, a
 //! header written, no zeros. A stop or a crash leaves at most a
 //! `blank-<n>.part`, deleted at start.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -44,8 +45,6 @@ pub(crate) struct Blanks {
     dir: PathBuf,
     size: u64,
     stock: Arc<Mutex<Stock>>,
-    /// The number of the next blank.
-    next: Arc<AtomicU64>,
     making: Option<Making>,
     /// No attempt before this, after one failed.
     retry_at: Option<Instant>,
@@ -56,6 +55,8 @@ pub(crate) struct Blanks {
 struct Stock {
     /// Ready, by number, oldest first.
     ready: Vec<u64>,
+    /// The number of the next blank.
+    next: u64,
     /// How many the writer wants ready.
     want: usize,
     /// A thread is making blanks. It stops only once `ready` holds `want`,
@@ -83,7 +84,7 @@ impl Blanks {
             tracing::warn!(error = %e, "cannot list the queue's blank segments");
             Vec::new()
         });
-        let next = Arc::new(AtomicU64::new(found.last().map_or(1, |n| n + 1)));
+        let next = found.last().map_or(1, |n| n + 1);
         let mut ready = Vec::new();
         for number in found {
             let path = segment::blank_path(dir, number);
@@ -100,9 +101,9 @@ impl Blanks {
             size,
             stock: Arc::new(Mutex::new(Stock {
                 ready,
+                next,
                 ..Stock::default()
             })),
-            next,
             making: None,
             retry_at: None,
         }
@@ -146,13 +147,13 @@ impl Blanks {
         lock(&self.stock).making = true;
         let stop = Arc::new(AtomicBool::new(false));
         let (dir, size) = (self.dir.clone(), self.size);
-        let (stock, next) = (Arc::clone(&self.stock), Arc::clone(&self.next));
+        let stock = Arc::clone(&self.stock);
         let mut idle = IdleWait::new(Arc::clone(progress), Arc::clone(&stop));
         let made = std::thread::Builder::new()
             .name("queue-blank".into())
             .spawn(move || {
                 let _done = Done(&stock);
-                make(&dir, size, &stock, &next, &mut idle)
+                make(&dir, size, &stock, &mut idle)
             });
         match made {
             Ok(handle) => self.making = Some(Making { stop, handle }),
@@ -201,13 +202,7 @@ impl Drop for Done<'_> {
 /// writer wants (read before each, so blanks taken meanwhile are made
 /// too), each only while the disk keeps a segment's room more besides
 /// it.
-fn make(
-    dir: &Path,
-    size: u64,
-    stock: &Mutex<Stock>,
-    next: &AtomicU64,
-    idle: &mut IdleWait,
-) -> io::Result<()> {
+fn make(dir: &Path, size: u64, stock: &Mutex<Stock>, idle: &mut IdleWait) -> io::Result<()> {
     loop {
         {
             let mut stock = lock(stock);
@@ -221,7 +216,11 @@ fn make(
         if !idle.wait() {
             return Ok(());
         }
-        let number = next.fetch_add(1, Ordering::Relaxed);
+        let number = {
+            let mut stock = lock(stock);
+            stock.next += 1;
+            stock.next - 1
+        };
         let available = available_bytes(dir)?;
         if available < size.saturating_mul(2) {
             return Err(io::Error::new(
@@ -395,7 +394,7 @@ mod tests {
             "only the two kept are left (taken is not deleted): {left:?}"
         );
         assert_eq!(
-            blanks.next.load(Ordering::Relaxed),
+            lock(&blanks.stock).next,
             5,
             "numbers go on after the last found"
         );
