@@ -241,6 +241,10 @@ pub struct AppliedRecord {
     pub received_at_ms: i64,
     pub applied_at_ms: Option<i64>,
     pub entity_key: Option<String>,
+    /// The event whose newer version its entity key already held when it
+    /// came: it was superseded (settled, its statements not run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
 }
 
 /// One attempt at an event, as the worker settled it.

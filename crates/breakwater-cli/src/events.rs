@@ -66,6 +66,9 @@ fn print_story(story: &EventStory) -> anyhow::Result<()> {
         if let Some(key) = &a.entity_key {
             outln!("entity key   {key}");
         }
+        if let Some(by) = &a.superseded_by {
+            outln!("superseded   by {by}: its statements did not run");
+        }
     }
     if let Some(d) = &story.dead_letter {
         outln!(

@@ -12,6 +12,7 @@ use breakwater_admin_api::{BreakerLocation, BreakerView, TransitionAnswer};
 use clap::{Parser, Subcommand};
 
 use admin_target::{AdminArg, AdminTarget, path_segment, urlencode};
+use logging::LogFormat;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -34,6 +35,7 @@ macro_rules! outln {
 
 mod admin_target;
 mod events;
+mod logging;
 
 fn write_stdout(args: std::fmt::Arguments<'_>) -> Result<(), StdoutError> {
     use std::io::Write;
@@ -69,13 +71,6 @@ struct Cli {
     /// line, for a log pipeline).
     #[arg(long, global = true, env = "BREAKWATER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
-}
-
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 /// `--config`, on the commands that read the config (not `lab` and
@@ -377,27 +372,6 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<Config> {
     Ok(Config::load(path)?)
 }
 
-/// Logs to stderr, filtered by `RUST_LOG`, else at `default` and above.
-/// lapin's own channel log is off by default: it reports at error level
-/// every channel the broker closes, which the RabbitMQ backend does on
-/// purpose (a passive declare of a queue that may be missing, a DLQ scan
-/// handing its messages back), and the backend reports real failures
-/// itself.
-fn init_tracing(default: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{default},lapin::channel=off"))
-    });
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => logs.json().with_current_span(false).init(),
-    }
-}
-
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -409,7 +383,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // Info for the service; for the other commands warnings only (a
     // config variable that names no section, a slow group commit in
     // `bench ingress`), their output being their report.
-    init_tracing(
+    logging::init(
         if matches!(cli.command, Command::Serve { .. }) {
             "info"
         } else {

@@ -101,12 +101,13 @@ pub(crate) fn scan(
                 let Some(id) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
                     continue;
                 };
+                let value = m.payload().unwrap_or_default();
                 let meta = m
                     .headers()
-                    .and_then(|h| wire::read(h.iter().map(|h| (h.key, h.value))).ok());
+                    .and_then(|h| wire::read(h.iter().map(|h| (h.key, h.value)), value).ok());
                 match meta {
                     Some(read) => {
-                        let body = Bytes::copy_from_slice(m.payload().unwrap_or_default());
+                        let body = Bytes::copy_from_slice(value);
                         live.insert(
                             id.to_owned(),
                             Record {

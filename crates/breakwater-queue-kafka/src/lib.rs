@@ -31,6 +31,8 @@
 mod client;
 pub mod config;
 mod dlq;
+#[cfg(test)]
+mod fuzz;
 mod gate;
 mod names;
 mod offsets;
@@ -309,7 +311,7 @@ impl Inner {
     ) -> Result<rdkafka::producer::future_producer::Delivery, QueueError> {
         let mut headers = OwnedHeaders::new();
         let mut header_bytes = 0;
-        for (k, v) in wire::headers(meta, due.not_before_ms, due.releases) {
+        for (k, v) in wire::headers(meta, body, due.not_before_ms, due.releases) {
             header_bytes += k.len() + v.len();
             headers = headers.insert(Header {
                 key: k,

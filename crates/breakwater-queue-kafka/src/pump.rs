@@ -360,15 +360,16 @@ fn now_ms() -> i64 {
 
 fn polled(shared: &Shared, m: &rdkafka::message::BorrowedMessage<'_>) -> Option<Polled> {
     let ix = shared.names.ix(m.topic())?;
+    let body = m.payload().unwrap_or_default();
     let read = match m.headers() {
-        Some(h) => wire::read(h.iter().map(|h| (h.key, h.value))),
+        Some(h) => wire::read(h.iter().map(|h| (h.key, h.value)), body),
         None => Err(Foreign::NoMeta),
     };
     Some(Polled {
         tp: (ix, m.partition()),
         offset: m.offset(),
         read,
-        body: Bytes::copy_from_slice(m.payload().unwrap_or_default()),
+        body: Bytes::copy_from_slice(body),
         timestamp_ms: m.timestamp().to_millis(),
     })
 }

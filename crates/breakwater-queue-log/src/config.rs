@@ -44,6 +44,10 @@ pub struct LogConfig {
     /// Bytes of webhooks waiting for the writer before the ingress answers
     /// 503.
     pub max_pending_bytes: usize,
+    /// The order claims keep (`workers.order`, set by the service; not a
+    /// `[queue]` key).
+    #[serde(skip)]
+    pub key_order: breakwater_queue::KeyOrder,
 }
 
 impl Default for LogConfig {
@@ -58,6 +62,7 @@ impl Default for LogConfig {
             max_batch: 1024,
             max_pending: 16_384,
             max_pending_bytes: 256 * 1024 * 1024,
+            key_order: breakwater_queue::KeyOrder::default(),
         }
     }
 }
@@ -80,6 +85,7 @@ impl LogConfig {
             backend: crate::BACKEND_NAME.to_owned(),
             // Every field is a plain value: this cannot fail.
             options: toml::Table::try_from(self).unwrap_or_default(),
+            key_order: self.key_order,
             ..breakwater_queue::QueueSection::default()
         }
     }

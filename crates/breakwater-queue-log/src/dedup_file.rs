@@ -15,6 +15,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use crate::private;
 use crate::record::{self, Record};
 use crate::segment;
 
@@ -78,7 +79,14 @@ impl DedupFile {
             );
         }
         {
-            let f = File::create(&tmp)?;
+            // A stale `.tmp` (a crash mid-rewrite) keeps its mode through
+            // a truncating open: remove it so the file is created 0600.
+            match std::fs::remove_file(&tmp) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let f = private::options().write(true).create_new(true).open(&tmp)?;
             f.write_all_at(&buf, 0)?;
             f.sync_all()?;
         }

@@ -14,6 +14,7 @@ use std::path::Path;
 use breakwater_queue::DeadLetter;
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::private;
 use crate::record::{self, StoredMessage};
 
 /// File name of the store inside `[queue] path`.
@@ -35,8 +36,17 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 );";
 
 /// Opens (creating) the store in `dir`.
+/// The file is created `0600` before SQLite opens it ([`crate::private`]):
+/// SQLite gives its `-wal` and `-shm` the main file's mode.
 pub(crate) fn open(dir: &Path) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(dir.join(FILE_NAME))?;
+    let path = dir.join(FILE_NAME);
+    private::create_file(&path).map_err(|e| {
+        rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(format!("cannot create {}: {e}", path.display())),
+        )
+    })?;
+    let conn = Connection::open(&path)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     // A dead letter must be durable before the log forgets the message.

@@ -12,6 +12,11 @@
 //! - Queued messages not leased wait in `waiting`, ordered by (visible
 //!   at, id): a claim takes from the front what is visible, skipping the
 //!   keys it is asked to skip.
+//! - With `workers.order = "key"`, a keyed message is in `waiting` or
+//!   `leased` only while it is the head of its key's line (`lines.rs`);
+//!   the ones behind it sit in neither set until the head leaves the
+//!   queue (applied or dead-lettered), so a claim hands one key's
+//!   messages out in the order they were accepted.
 //! - Leased ones sit in `leased`, ordered by lease expiry. A lease that
 //!   ran out moves back to `waiting` at the next claim, keeping its token
 //!   until another claim takes the message, so its holder may still
@@ -37,6 +42,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use breakwater_queue::QueueStats;
 
+use breakwater_queue::KeyOrder;
+
+use crate::lines::{Joined, KeyLines, line_of};
 use crate::record::{CarriedState, Record, StoredMessage};
 
 /// Where a message's record lies.
@@ -72,8 +80,18 @@ struct Entry {
     visible_at_ms: i64,
     /// The token of its latest claim, while that claim may settle it.
     lease: Option<u64>,
-    /// In `leased` (true) or `waiting` (false).
-    leased: bool,
+    place: Place,
+    /// Its key's line, when the index keeps key order.
+    line: Option<u64>,
+}
+
+/// Which set holds a queued message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Waiting,
+    Leased,
+    /// Behind an earlier message of its key, in no set.
+    Behind,
 }
 
 /// A claimed message, for the writer to read back and hand out.
@@ -163,6 +181,8 @@ pub(crate) struct Index {
     entries: BTreeMap<u64, Entry>,
     waiting: BTreeSet<(i64, u64)>,
     leased: BTreeSet<(i64, u64)>,
+    /// Per entity key, its queued ids; `None` when key order is off.
+    lines: Option<KeyLines>,
     seen: SeenMap,
     /// Settled entries of `seen` in the order they expire.
     expiry: VecDeque<(i64, u64)>,
@@ -177,12 +197,13 @@ pub(crate) struct Index {
 
 impl Index {
     /// An empty index remembering applied event ids for `dedup_window_ms`
-    /// (0: not at all), at most `dedup_max` of them.
-    pub(crate) fn new(dedup_window_ms: i64, dedup_max: usize) -> Self {
+    /// (0: not at all), at most `dedup_max` of them, keeping `order`.
+    pub(crate) fn new(dedup_window_ms: i64, dedup_max: usize, order: KeyOrder) -> Self {
         Self {
             entries: BTreeMap::new(),
             waiting: BTreeSet::new(),
             leased: BTreeSet::new(),
+            lines: (order == KeyOrder::Key).then(KeyLines::new),
             seen: SeenMap::new(),
             expiry: VecDeque::new(),
             segments: BTreeMap::new(),
@@ -307,7 +328,11 @@ impl Index {
         self.entries.get(&id).map(|e| CarriedState {
             attempts: e.attempts,
             replays: e.replays,
-            visible_at_ms: if e.leased { 0 } else { e.visible_at_ms },
+            visible_at_ms: if e.place == Place::Leased {
+                0
+            } else {
+                e.visible_at_ms
+            },
         })
     }
 
@@ -342,6 +367,11 @@ impl Index {
             // A carry over its own earlier copy (replay of both).
             self.unlink(id, &old);
         }
+        let line = self.lines.as_ref().and(entity_key).map(line_of);
+        let joined = match (self.lines.as_mut(), line) {
+            (Some(lines), Some(line)) => lines.join(line, id),
+            _ => Joined::Head { displaced: None },
+        };
         let entry = Entry {
             loc,
             key: entity_key.map(Box::from),
@@ -352,9 +382,21 @@ impl Index {
             replays: state.replays,
             visible_at_ms: state.visible_at_ms,
             lease: None,
-            leased: false,
+            place: match joined {
+                Joined::Head { .. } => Place::Waiting,
+                Joined::Behind => Place::Behind,
+            },
+            line,
         };
-        self.waiting.insert((entry.visible_at_ms, id));
+        if let Joined::Head {
+            displaced: Some(displaced),
+        } = joined
+        {
+            self.put_behind(displaced);
+        }
+        if entry.place == Place::Waiting {
+            self.waiting.insert((entry.visible_at_ms, id));
+        }
         let u = self.segments.entry(loc.segment).or_default();
         u.live += 1;
         u.live_bytes += u64::from(loc.len);
@@ -362,20 +404,48 @@ impl Index {
         self.remember(hash, Seen::Queued(id));
     }
 
-    /// Takes `id`'s entry out of the visibility sets and its segment's
-    /// live count.
+    /// Takes `id`'s entry out of the visibility sets, its key's line
+    /// (the next of the line may be claimed now) and its segment's live
+    /// count.
     fn unlink(&mut self, id: u64, entry: &Entry) {
         let key = (entry.visible_at_ms, id);
-        if entry.leased {
-            self.leased.remove(&key);
-        } else {
-            self.waiting.remove(&key);
+        match entry.place {
+            Place::Leased => {
+                self.leased.remove(&key);
+            }
+            Place::Waiting => {
+                self.waiting.remove(&key);
+            }
+            Place::Behind => {}
         }
         if let Some(u) = self.segments.get_mut(&entry.loc.segment) {
             u.live = u.live.saturating_sub(1);
             u.live_bytes = u.live_bytes.saturating_sub(u64::from(entry.loc.len));
         }
         self.entries.remove(&id);
+        let next = match (self.lines.as_mut(), entry.line) {
+            (Some(lines), Some(line)) => lines.leave(line, id),
+            _ => None,
+        };
+        if let Some(next) = next
+            && let Some(e) = self.entries.get_mut(&next)
+            && e.place == Place::Behind
+        {
+            e.place = Place::Waiting;
+            self.waiting.insert((e.visible_at_ms, next));
+        }
+    }
+
+    /// Takes `id`, a head that a lower id of its key displaced, out of
+    /// `waiting`. A leased one keeps its lease: that happens only when
+    /// records are read back at start, when nothing is leased.
+    fn put_behind(&mut self, id: u64) {
+        if let Some(e) = self.entries.get_mut(&id)
+            && e.place == Place::Waiting
+        {
+            self.waiting.remove(&(e.visible_at_ms, id));
+            e.place = Place::Behind;
+        }
     }
 
     /// Moves every lease that ran out by `now` back to `waiting`.
@@ -386,7 +456,7 @@ impl Index {
             }
             self.leased.pop_first();
             if let Some(e) = self.entries.get_mut(&id) {
-                e.leased = false;
+                e.place = Place::Waiting;
                 self.waiting.insert((at, id));
             }
         }
@@ -428,7 +498,7 @@ impl Index {
             let lease = self.next_lease;
             self.next_lease += 1;
             e.lease = Some(lease);
-            e.leased = true;
+            e.place = Place::Leased;
             e.receives += 1;
             e.visible_at_ms = until;
             self.leased.insert((until, id));
@@ -460,22 +530,30 @@ impl Index {
         true
     }
 
-    /// Moves `id` to `at` in `waiting` (`leased` false) or `leased`.
+    /// Moves `id` to `at` in `waiting` (`leased` false) or `leased`; one
+    /// behind the head of its line only takes the new time.
     fn set_visible(&mut self, id: u64, e: &Entry, at: i64, leased: bool) {
         let old = (e.visible_at_ms, id);
-        if e.leased {
-            self.leased.remove(&old);
-        } else {
-            self.waiting.remove(&old);
-        }
-        if leased {
-            self.leased.insert((at, id));
-        } else {
-            self.waiting.insert((at, id));
-        }
+        let place = match e.place {
+            Place::Behind => Place::Behind,
+            Place::Leased | Place::Waiting => {
+                if e.place == Place::Leased {
+                    self.leased.remove(&old);
+                } else {
+                    self.waiting.remove(&old);
+                }
+                if leased {
+                    self.leased.insert((at, id));
+                    Place::Leased
+                } else {
+                    self.waiting.insert((at, id));
+                    Place::Waiting
+                }
+            }
+        };
         if let Some(e) = self.entries.get_mut(&id) {
             e.visible_at_ms = at;
-            e.leased = leased;
+            e.place = place;
         }
     }
 
@@ -649,13 +727,15 @@ impl Index {
         let visible_waiting = self.waiting.len() as u64 - delayed;
         let in_flight = self.leased.range((now.saturating_add(1), 0)..).count() as u64;
         let lapsed = self.leased.len() as u64 - in_flight;
+        // Behind an earlier message of their key: ready once it leaves.
+        let behind = (self.entries.len() - self.waiting.len() - self.leased.len()) as u64;
         let oldest = self
             .entries
             .values()
             .find(|e| e.visible_at_ms <= now)
             .map(|e| e.received_at_ms);
         QueueStats {
-            visible: Some(visible_waiting + lapsed),
+            visible: Some(visible_waiting + lapsed + behind),
             in_flight: Some(in_flight),
             delayed: Some(delayed),
             dead_lettered: None,
@@ -688,7 +768,7 @@ mod tests {
     }
 
     fn with(n: u64, now: i64) -> Index {
-        let mut ix = Index::new(60_000, 1000);
+        let mut ix = Index::new(60_000, 1000, KeyOrder::None);
         for id in 1..=n {
             let mut m = message(&format!("e{id}"));
             m.entity_key = Some(format!("k{}", id % 2));
@@ -797,7 +877,7 @@ mod tests {
     #[test]
     fn replaying_the_records_rebuilds_the_same_state() {
         let m = message("e1");
-        let mut ix = Index::new(60_000, 10);
+        let mut ix = Index::new(60_000, 10, KeyOrder::None);
         ix.replay(1, loc(1, 16), Record::Enqueue(m.clone()), |_| 77, 5);
         ix.replay(2, loc(1, 200), Record::Enqueue(message("e2")), |_| 78, 5);
         ix.replay(
@@ -818,12 +898,97 @@ mod tests {
 
     #[test]
     fn a_full_dedup_index_indexes_no_new_id() {
-        let mut ix = Index::new(60_000, 2);
+        let mut ix = Index::new(60_000, 2, KeyOrder::None);
         for id in 1..=3 {
             ix.insert(id, loc(1, id), None, 0, id, &fresh(0));
         }
         assert_eq!(ix.seen(2), Some(Seen::Queued(2)));
         assert_eq!(ix.seen(3), None);
         assert_eq!(ix.len(), 3);
+    }
+
+    /// An index keeping key order, with `keys[i]` the key of message i + 1.
+    fn ordered(keys: &[&str], now: i64) -> Index {
+        let mut ix = Index::new(60_000, 1000, KeyOrder::Key);
+        for (i, key) in keys.iter().enumerate() {
+            let id = i as u64 + 1;
+            ix.insert(id, loc(1, id * 100), Some(key), now, id, &fresh(now));
+        }
+        ix
+    }
+
+    fn ids(claimed: &[Claimed]) -> Vec<u64> {
+        claimed.iter().map(|c| c.id).collect()
+    }
+
+    #[test]
+    fn in_key_order_a_claim_takes_only_the_head_of_each_key() {
+        let mut ix = ordered(&["a", "b", "a", "a", "b"], 0);
+        let first = ix.claim(10, 1000, &[], 0);
+        assert_eq!(ids(&first), vec![1, 2]);
+        assert!(ix.claim(10, 1000, &[], 0).is_empty(), "the rest wait");
+        let s = ix.stats(0);
+        assert_eq!((s.visible, s.in_flight), (Some(3), Some(2)), "behind = visible");
+        ix.ack(1, first[0].lease, 0).expect("ack");
+        assert_eq!(ids(&ix.claim(10, 1000, &[], 0)), vec![3]);
+    }
+
+    /// A head retried later, handed back (a parked key) or whose lease
+    /// ran out stays the head: its key's later messages wait behind it.
+    #[test]
+    fn a_retried_released_or_lapsed_head_keeps_its_place() {
+        let mut ix = ordered(&["k", "k", "k"], 0);
+        let c = ix.claim(10, 100, &[], 0)[0];
+        ix.unclaim(c.id, c.lease, 500, true).expect("retry later");
+        assert!(ix.claim(10, 100, &[], 499).is_empty(), "2 and 3 wait for 1's retry");
+        let c = ix.claim(10, 100, &[], 500)[0];
+        assert_eq!(c.id, 1);
+        ix.unclaim(c.id, c.lease, 500, false).expect("release");
+        assert!(ix.claim(10, 100, &["k".to_owned()], 500).is_empty(), "parked");
+        let c = ix.claim(10, 100, &[], 500)[0];
+        assert_eq!(c.id, 1);
+        assert!(ix.claim(10, 100, &[], 550).is_empty(), "leased");
+        let again = ix.claim(10, 100, &[], 600);
+        assert_eq!(ids(&again), vec![1], "its lease lapsed: 1 again, not 2");
+        ix.take_dead(1, again[0].lease).expect("dead-lettered");
+        assert_eq!(ids(&ix.claim(10, 100, &[], 600)), vec![2], "the next goes on");
+    }
+
+    /// At start the records are read back segment by segment; a message
+    /// carried forward comes after later ids of its key and still goes
+    /// first.
+    #[test]
+    fn records_read_back_out_of_id_order_rebuild_each_line_in_id_order() {
+        let mut ix = Index::new(60_000, 100, KeyOrder::Key);
+        let m = |id: u64| {
+            let mut m = message(&format!("e{id}"));
+            m.entity_key = Some("k".to_owned());
+            m.received_at_ms = 100;
+            m
+        };
+        ix.replay(5, loc(3, 16), Record::Enqueue(m(5)), |_| 5, 0);
+        ix.replay(6, loc(3, 200), Record::Enqueue(m(6)), |_| 6, 0);
+        let carried = CarriedState {
+            attempts: 2,
+            replays: 0,
+            visible_at_ms: 900,
+        };
+        ix.replay(2, loc(3, 400), Record::Carry(m(2), carried), |_| 2, 0);
+        assert!(ix.claim(10, 100, &[], 899).is_empty(), "2 is due at 900; 5 and 6 wait");
+        let c = ix.claim(10, 100, &[], 900);
+        assert_eq!(ids(&c), vec![2]);
+        ix.ack(2, c[0].lease, 900).expect("ack");
+        assert_eq!(ids(&ix.claim(10, 100, &[], 900)), vec![5]);
+    }
+
+    #[test]
+    fn messages_without_a_key_and_key_order_off_are_not_held() {
+        let mut ix = Index::new(60_000, 100, KeyOrder::Key);
+        for id in 1..=3 {
+            ix.insert(id, loc(1, id), None, 0, id, &fresh(0));
+        }
+        assert_eq!(ids(&ix.claim(10, 100, &[], 0)), vec![1, 2, 3]);
+        let mut ix = with(4, 0);
+        assert_eq!(ids(&ix.claim(10, 100, &[], 0)), vec![1, 2, 3, 4]);
     }
 }

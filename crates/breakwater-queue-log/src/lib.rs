@@ -17,6 +17,8 @@
 //! - [`dedup_file`]: the applied event ids of reclaimed segments, so a
 //!   restart still knows them within the dedup window.
 //! - [`migrate`]: an embedded SQLite store moved in (`queue migrate`).
+//! - [`private`]: every file the store creates is `0600`, every folder
+//!   `0700`, whatever the umask; its own folder is made `0700` at open.
 //!
 //! One process owns a store at a time (a lock on `lock` in the
 //! directory): while `serve` runs, the CLI reaches the queue through the
@@ -30,8 +32,10 @@ mod dedup_file;
 pub mod disk;
 mod dlq;
 mod index;
+mod lines;
 mod migrate;
 mod pace;
+mod private;
 mod record;
 mod recovery;
 mod segment;
@@ -121,7 +125,7 @@ pub struct Contents {
 /// segments are replayed as at start, but nothing is written and no lock
 /// is taken, so it may run beside (or after the death of) its owner.
 pub fn inspect(dir: &Path) -> Result<Contents, QueueError> {
-    let mut index = index::Index::new(0, usize::MAX);
+    let mut index = index::Index::new(0, usize::MAX, breakwater_queue::KeyOrder::None);
     let mut events = std::collections::BTreeMap::new();
     let now = breakwater_queue_embedded::clock::now_ms();
     let replayed = recovery::replay_segments(dir, &mut index, now, |id, r| {
@@ -184,7 +188,7 @@ impl LogQueue {
     /// instead of straight to the file system: the seam a power-loss test
     /// puts a file layer into.
     pub fn open_on(config: &LogConfig, disk: Arc<dyn GroupDisk>) -> Result<Self, QueueError> {
-        std::fs::create_dir_all(&config.path).map_err(|e| {
+        private::own_dir(&config.path).map_err(|e| {
             QueueError::Storage(format!("cannot create {}: {e}", config.path.display()))
         })?;
         Self::start(config, disk)
@@ -217,7 +221,8 @@ impl LogQueue {
             .unwrap_or(i64::MAX / 1000)
             .saturating_mul(1000);
         let started = std::time::Instant::now();
-        let (writer, report) = Writer::open(settings, window_ms, config.dedup_index_max)?;
+        let (writer, report) =
+            Writer::open(settings, window_ms, config.dedup_index_max, config.key_order)?;
         tracing::info!(
             path = %dir.display(),
             segments = report.segments,
@@ -373,7 +378,7 @@ impl LogQueue {
 /// Takes the store's lock, or says which process holds it.
 fn lock(dir: &Path) -> Result<File, QueueError> {
     let path = dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
+    let file = private::options()
         .create(true)
         .truncate(false)
         .read(true)
@@ -605,13 +610,20 @@ impl Backend for LogBackend {
         breakwater_queue::own_keys_table(&LogConfig::from_section(section)?)
     }
 
+    /// One writer hands out every claim, and each key's line keeps its
+    /// head until it is applied or dead-lettered (`lines.rs`).
+    fn keeps_key_order(&self, _section: &QueueSection) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn open(
         &self,
         section: &QueueSection,
         mode: OpenMode,
     ) -> Result<Arc<dyn Queue>, QueueError> {
-        let config =
+        let mut config =
             LogConfig::from_section(section).map_err(|e| QueueError::Storage(e.to_string()))?;
+        config.key_order = section.key_order;
         let queue = match mode {
             OpenMode::Serve => {
                 let queue = LogQueue::open(&config)?;

@@ -30,6 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::private;
 use crate::record::{self, FrameError, Record};
 
 /// The first bytes of every segment written now: frames salted with the
@@ -133,7 +134,7 @@ pub(crate) fn create_paced(
     mut pace: impl FnMut(Duration, u64) -> Duration,
 ) -> io::Result<File> {
     let path = path(dir, index);
-    let file = OpenOptions::new()
+    let file = private::options()
         .read(true)
         .write(true)
         .create_new(true)
@@ -191,7 +192,7 @@ pub(crate) fn make_blank(
 ) -> io::Result<bool> {
     let part = blank_part_path(dir, number);
     let made = (|| {
-        let file = OpenOptions::new()
+        let file = private::options()
             .write(true)
             .create_new(true)
             .open(&part)?;

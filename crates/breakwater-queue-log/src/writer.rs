@@ -230,9 +230,10 @@ impl Writer {
         settings: Settings,
         dedup_window_ms: i64,
         dedup_max: usize,
+        key_order: breakwater_queue::KeyOrder,
     ) -> Result<(Self, OpenReport), QueueError> {
         let dir = settings.dir.clone();
-        let mut index = Index::new(dedup_window_ms, dedup_max);
+        let mut index = Index::new(dedup_window_ms, dedup_max, key_order);
         let loaded = crate::dedup_file::load(&dir).map_err(storage)?;
         let now = now_ms();
         let horizon = now.saturating_sub(dedup_window_ms);

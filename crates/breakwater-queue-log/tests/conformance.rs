@@ -38,6 +38,11 @@ impl Harness for Log {
         }
         Arc::new(LogQueue::open(&config).expect("open"))
     }
+
+    /// `LogConfig`'s default, `workers.order = "key"`'s.
+    fn keeps_key_order(&self) -> bool {
+        true
+    }
 }
 
 breakwater_queue::conformance_tests!(Log::new());

@@ -32,7 +32,7 @@ fn message(event: &str, body: usize) -> NewMessage {
     NewMessage {
         source: "stripe".into(),
         event_id: event.into(),
-        entity_key: Some("order-1".into()),
+        entity_key: Some(format!("order-{event}")),
         headers: vec![("content-type".into(), "application/json".into())],
         body: Bytes::from(vec![b'x'; body]),
         received_at_ms: 1_700_000_000_000,

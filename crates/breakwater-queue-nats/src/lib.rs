@@ -20,7 +20,9 @@
 //! a stream kept like a key-value bucket (`BW_<name>_ATTEMPTS`, the last
 //! message of each subject `breakwater.<name>.attempts.<sequence>`), written
 //! by `retry_later` and read only for a redelivered message (a first
-//! delivery has none), so the common path pays nothing for it.
+//! delivery has none), so the common path pays nothing for it. A count that
+//! is not a number dead-letters its message (never taken for 0, which
+//! would let a poison message retry for ever).
 //!
 //! **Receipts** carry the stream sequence and the delivery count they were
 //! claimed at. A process settles a delivery once, and not after the same
@@ -29,9 +31,13 @@
 //! delivery once.
 //!
 //! The message's metadata travels in the payload ([`breakwater_queue::envelope`]), not in
-//! headers, since event ids and keys come from senders.
+//! headers, since event ids and keys come from senders; it is sealed over
+//! the body, so a payload changed in the stream is refused (terminated,
+//! with a warning) rather than read as another message.
 
 pub mod config;
+#[cfg(test)]
+mod fuzz;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -357,25 +363,19 @@ impl NatsQueue {
         format!("{}.{seq}", self.names.attempts_prefix)
     }
 
-    /// Failed attempts of the message at `seq` so far; `None` when the
-    /// count cannot be read now.
-    async fn attempts_of(&self, seq: u64) -> Option<u32> {
+    /// Failed attempts of the message at `seq` so far.
+    async fn attempts_of(&self, seq: u64) -> Result<u32, Unread> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         match self
             .attempts
             .get_last_raw_message_by_subject(&self.attempts_subject(seq))
             .await
         {
-            Ok(m) => Some(
-                std::str::from_utf8(&m.payload)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0),
-            ),
-            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Some(0),
+            Ok(m) => attempt_count(&m.payload).ok_or(Unread::NotACount),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(0),
             Err(e) => {
                 tracing::warn!(error = %e, seq, "attempt count unreadable; message handed back");
-                None
+                Err(Unread::NotNow)
             }
         }
     }
@@ -432,6 +432,22 @@ impl NatsQueue {
             info.state.messages,
         ))
     }
+}
+
+/// Why a message's attempt count was not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unread {
+    /// The attempts stream did not answer: look again later.
+    NotNow,
+    /// It holds something that is not a count.
+    NotACount,
+}
+
+/// The attempt count `payload` holds, as `retry_later` writes it (decimal
+/// digits).
+fn attempt_count(payload: &[u8]) -> Option<u32> {
+    let text = std::str::from_utf8(payload).ok()?;
+    text.parse::<u32>().ok().filter(|n| n.to_string() == text)
 }
 
 fn parse_seq(id: &str) -> Result<u64, QueueError> {
@@ -531,11 +547,31 @@ impl Queue for NatsQueue {
             // pays for the look-up.
             let attempts = if delivered > 1 {
                 match self.attempts_of(seq).await {
-                    Some(n) => n,
-                    None => {
+                    Ok(n) => n,
+                    Err(Unread::NotNow) => {
                         // Unknown: taking it for 0 would let a poison
                         // message retry for ever. Hand it back untried.
                         let _ = m.ack_with(AckKind::Nak(Some(RELOOK_DELAY))).await;
+                        continue;
+                    }
+                    Err(Unread::NotACount) => {
+                        // Never readable: dead-lettered, with its message.
+                        tracing::warn!(seq, "an attempt count that is not one; dead-lettered");
+                        let mut meta = meta;
+                        meta.class = Some("permanent".into());
+                        meta.error = Some("its attempt count is not a number".into());
+                        meta.dead_at_ms = Some(now_ms());
+                        let dead = Publish::build().payload(encode(&meta, &body));
+                        if self.publish(&self.names.dlq_subject, dead).await.is_ok() {
+                            let _ = m.ack().await;
+                            let _ = self
+                                .attempts
+                                .purge()
+                                .filter(self.attempts_subject(seq))
+                                .await;
+                        } else {
+                            let _ = m.ack_with(AckKind::Nak(Some(RELOOK_DELAY))).await;
+                        }
                         continue;
                     }
                 }

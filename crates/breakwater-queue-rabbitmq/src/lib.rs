@@ -31,6 +31,8 @@
 
 pub mod config;
 mod dlq;
+#[cfg(test)]
+mod fuzz;
 mod properties;
 #[cfg(feature = "rabbitmqctl")]
 pub mod rabbitmqctl;
@@ -93,6 +95,14 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// What a delivery carries: its counts (properties) and its message (the
+/// payload's envelope), or why Breakwater cannot read it.
+fn read_delivery(props: &BasicProperties, payload: &Bytes) -> Result<(Counts, Meta, Bytes), String> {
+    let counts = properties::counts(props).map_err(|e| e.to_string())?;
+    let (meta, body) = decode(payload).map_err(|e| e.to_string())?;
+    Ok((counts, meta, body))
 }
 
 /// A message id of Breakwater's own (RabbitMQ assigns none).
@@ -443,13 +453,12 @@ impl Inner {
     }
 
     /// Turns a pushed delivery into a claimed one (or dead-letters what
-    /// Breakwater cannot read: nothing is dropped).
+    /// Breakwater cannot read, [`read_delivery`]: nothing is dropped).
     async fn take(&self, d: lapin::message::Delivery, lease: Duration) -> Option<Delivery> {
         let payload = Bytes::from(d.data);
-        let counts = properties::counts(&d.properties);
         let id = properties::id(&d.properties, new_id);
-        let (meta, body) = match decode(&payload) {
-            Ok(decoded) => decoded,
+        let (counts, meta, body) = match read_delivery(&d.properties, &payload) {
+            Ok(read) => read,
             Err(e) => {
                 tracing::warn!(error = %e, id, "a message Breakwater cannot read; dead-lettered");
                 let meta = Meta {
@@ -459,9 +468,9 @@ impl Inner {
                     headers: Vec::new(),
                     received_at_ms: now_ms(),
                     replays: 0,
-                    attempts: counts.attempts,
+                    attempts: 0,
                     class: Some("permanent".into()),
-                    error: Some(e.to_string()),
+                    error: Some(e),
                     dead_at_ms: Some(now_ms()),
                 };
                 // Settled best effort: an unsettled delivery comes back.

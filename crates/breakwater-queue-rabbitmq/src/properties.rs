@@ -3,7 +3,11 @@
 //! neither: failed attempts ([`ATTEMPTS_HEADER`]) and delayed releases
 //! ([`RELEASES_HEADER`], which spreads a hot key's backlog out: see the
 //! dispatcher's `spread_release`). The message itself (source, event id,
-//! key, headers, body) travels in the payload envelope.
+//! key, headers, body) travels in the payload envelope. A count that is
+//! there but not one (a negative or too large number, text that is not a
+//! number, another type) makes the message unreadable, to be
+//! dead-lettered, never taken for 0: a poison message must not retry for
+//! ever.
 
 use breakwater_queue::ATTEMPTS_HEADER;
 use lapin::BasicProperties;
@@ -42,30 +46,40 @@ pub(crate) fn build(id: &str, counts: Counts) -> BasicProperties {
         .with_headers(headers)
 }
 
-/// The counts `props` carry (0 for a missing or unreadable one).
-pub(crate) fn counts(props: &BasicProperties) -> Counts {
-    let read = |name: &str| -> u32 {
-        let Some(headers) = props.headers() else {
-            return 0;
+/// A count header that holds no count.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {0} header is not a count")]
+pub(crate) struct NotACount(pub(crate) &'static str);
+
+/// The counts `props` carry (0 for a missing one).
+pub(crate) fn counts(props: &BasicProperties) -> Result<Counts, NotACount> {
+    let read = |name: &'static str| -> Result<u32, NotACount> {
+        let Some(value) = props
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get(&ShortString::from(name)))
+        else {
+            return Ok(0);
         };
-        let value = headers.inner().get(&ShortString::from(name));
         let n: Option<i64> = match value {
-            Some(AMQPValue::LongLongInt(n)) => Some(*n),
-            Some(AMQPValue::LongInt(n)) => Some(i64::from(*n)),
-            Some(AMQPValue::LongUInt(n)) => Some(i64::from(*n)),
-            Some(AMQPValue::ShortInt(n)) => Some(i64::from(*n)),
-            Some(AMQPValue::ShortUInt(n)) => Some(i64::from(*n)),
-            Some(AMQPValue::LongString(s)) => std::str::from_utf8(s.as_bytes())
+            AMQPValue::LongLongInt(n) => Some(*n),
+            AMQPValue::LongInt(n) => Some(i64::from(*n)),
+            AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+            AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+            AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
+            AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+            AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
+            AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
                 .ok()
                 .and_then(|s| s.trim().parse().ok()),
             _ => None,
         };
-        n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0)
+        n.and_then(|n| u32::try_from(n).ok()).ok_or(NotACount(name))
     };
-    Counts {
-        attempts: read(ATTEMPTS_HEADER),
-        releases: read(RELEASES_HEADER),
-    }
+    Ok(Counts {
+        attempts: read(ATTEMPTS_HEADER)?,
+        releases: read(RELEASES_HEADER)?,
+    })
 }
 
 /// The message id `props` carry, or `fallback`.
@@ -88,9 +102,9 @@ mod tests {
             releases: 1,
         };
         let props = build("m1", c);
-        assert_eq!(counts(&props), c);
+        assert_eq!(counts(&props), Ok(c));
         assert_eq!(id(&props, || "x".into()), "m1");
-        assert_eq!(counts(&BasicProperties::default()), Counts::default());
+        assert_eq!(counts(&BasicProperties::default()), Ok(Counts::default()));
         assert_eq!(props.delivery_mode(), &Some(PERSISTENT));
     }
 
@@ -102,6 +116,6 @@ mod tests {
             AMQPValue::LongString("4".into()),
         );
         let props = BasicProperties::default().with_headers(headers);
-        assert_eq!(counts(&props).attempts, 4);
+        assert_eq!(counts(&props).map(|c| c.attempts), Ok(4));
     }
 }

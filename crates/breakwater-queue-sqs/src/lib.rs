@@ -36,6 +36,8 @@ mod batcher;
 mod client;
 mod config;
 mod dlq;
+#[cfg(test)]
+mod fuzz;
 mod names;
 mod wire;
 

@@ -4,19 +4,22 @@
 //!
 //! - the metadata ([`Meta`]: source, event id, key, headers, attempts,
 //!   replays, and in the DLQ class and reason) is JSON in the binary
-//!   message attribute `bw-meta`;
+//!   message attribute `bw-meta`, sealed over the body
+//!   ([`breakwater_queue::envelope::seal`]: a changed byte of either, or
+//!   of the body's base64, is refused as not Breakwater's);
 //! - the body is the SQS body as it came when SQS can carry it, else its
 //!   base64 with the attribute `bw-body = base64` (`empty` for no body,
 //!   which SQS cannot send);
 //! - `bw-not-before` (milliseconds since the epoch) holds back a retry
 //!   whose delay SQS cannot keep itself (past 15 minutes, or on a FIFO
-//!   queue, which has no per-message delay). Pure.
+//!   queue, which has no per-message delay); one that is not a number
+//!   makes the message not Breakwater's. Pure.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 
-use breakwater_queue::envelope::Meta;
+use breakwater_queue::envelope::{self, Meta};
 
 pub(crate) const META: &str = "bw-meta";
 pub(crate) const BODY_ENCODING: &str = "bw-body";
@@ -34,8 +37,7 @@ pub(crate) struct Outgoing {
 
 impl Outgoing {
     pub(crate) fn new(meta: &Meta, body: &[u8], not_before_ms: Option<i64>) -> Self {
-        // A struct of strings and numbers always serializes.
-        let meta = serde_json::to_vec(meta).unwrap_or_default();
+        let meta = envelope::seal(meta, body);
         let (body, body_encoding) = if body.is_empty() {
             ("-".to_owned(), Some("empty"))
         } else {
@@ -86,7 +88,9 @@ impl Incoming<'_> {
         let meta = self
             .meta
             .ok_or_else(|| Foreign(format!("no {META} attribute")))?;
-        let meta: Meta = serde_json::from_slice(meta).map_err(|e| Foreign(e.to_string()))?;
+        if self.not_before.is_some() && self.not_before_ms().is_none() {
+            return Err(Foreign(format!("{NOT_BEFORE} is not a number")));
+        }
         let body = match self.body_encoding {
             None => Bytes::copy_from_slice(self.body.as_bytes()),
             Some("empty") => Bytes::new(),
@@ -96,6 +100,7 @@ impl Incoming<'_> {
                 .map_err(|e| Foreign(format!("{BODY_ENCODING}: {e}")))?,
             Some(other) => return Err(Foreign(format!("{BODY_ENCODING} = {other:?}"))),
         };
+        let meta = envelope::open(meta, &body).map_err(|e| Foreign(e.to_string()))?;
         Ok((meta, body))
     }
 

@@ -46,9 +46,28 @@ pub struct QueueSection {
     /// Warn (log, `GET /breaker`, the headroom metric's alert) when the
     /// oldest message has less than this left, seconds.
     pub retention_warn_secs: u64,
+    /// Whether claims keep each entity key's messages in the order the
+    /// ingress accepted them: not a `[queue]` key, the service sets it
+    /// from `workers.order` before it opens the queue.
+    #[serde(skip)]
+    pub key_order: KeyOrder,
     /// The selected backend's own keys.
     #[serde(flatten)]
     pub options: toml::Table,
+}
+
+/// `workers.order`: what order a backend's claims keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyOrder {
+    /// Per entity key, messages are handed out in the order the ingress
+    /// accepted them, one at a time: a later message waits while an
+    /// earlier one of its key is leased, waiting for its retry or handed
+    /// back, until that one is applied or dead-lettered.
+    #[default]
+    Key,
+    /// No order: any visible message may be handed out.
+    None,
 }
 
 impl Default for QueueSection {
@@ -60,6 +79,7 @@ impl Default for QueueSection {
             lease_ms: 30_000,
             retention_secs: None,
             retention_warn_secs: 3_600,
+            key_order: KeyOrder::default(),
             options: toml::Table::new(),
         }
     }
@@ -194,6 +214,18 @@ pub trait Backend: Send + Sync {
     /// wherever the config is shown.
     fn secret_keys(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Whether this backend keeps each entity key's messages in the order
+    /// they were accepted through retries, releases, lease expiry and
+    /// restarts ([`KeyOrder::Key`]); `Err` says why it cannot.
+    fn keeps_key_order(&self, section: &QueueSection) -> Result<(), String> {
+        let _ = section;
+        Err(format!(
+            "the {} backend hands a retried or released message back behind the later \
+             messages of its entity key, so it cannot keep their order",
+            self.name()
+        ))
     }
 
     /// Opens (or, with [`OpenMode::Serve`], creates) the queue.

@@ -42,6 +42,13 @@ pub trait Harness: Send + Sync {
     fn short_lease(&self) -> Duration {
         Duration::from_millis(300)
     }
+
+    /// The queue opened keeps each entity key's messages in acceptance
+    /// order ([`crate::KeyOrder::Key`], which [`crate::Backend::keeps_key_order`]
+    /// says it can): [`key_order_as_declared`] checks it.
+    fn keeps_key_order(&self) -> bool {
+        false
+    }
 }
 
 /// Expands to one `#[tokio::test]` per check of the suite, each with a
@@ -55,7 +62,7 @@ macro_rules! conformance_tests {
             ack_removes, retry_delay_is_honoured, release_counts_no_attempt,
             dead_letter_keeps_reason, replay_puts_back, purge_deletes,
             pause_stops_delivery, probing_bounds_a_claim, stats_follow,
-            a_settled_receipt_is_refused);
+            a_settled_receipt_is_refused, key_order_as_declared);
     };
     (@each $harness:expr; $($check:ident),* $(,)?) => {
         $(
@@ -89,9 +96,11 @@ fn message(event_id: &str, key: Option<&str>) -> NewMessage {
     }
 }
 
+/// Enqueues `event_id` under an entity key of its own (`k-<event id>`),
+/// so no backend holds it behind another check's message.
 async fn enqueue_new(q: &dyn Queue, event_id: &str) {
     let r = q
-        .enqueue(message(event_id, Some("k")))
+        .enqueue(message(event_id, Some(&format!("k-{event_id}"))))
         .await
         .expect("enqueue");
     assert!(matches!(r, Enqueued::New { .. }), "{event_id}: {r:?}");
@@ -179,7 +188,7 @@ pub async fn durable_publish(h: &dyn Harness) {
     for d in &got {
         let m = &d.message;
         assert_eq!(m.source, "conformance");
-        assert_eq!(m.entity_key.as_deref(), Some("k"));
+        assert_eq!(m.entity_key, Some(format!("k-{}", m.event_id)));
         assert_eq!(
             m.body,
             Bytes::from(format!("{{\"id\":\"{}\"}}", m.event_id))
@@ -522,4 +531,41 @@ pub async fn a_settled_receipt_is_refused(h: &dyn Harness) {
             "a second {what}: {result:?}"
         );
     }
+}
+
+/// A queue that keeps key order hands out one key's messages one at a
+/// time, in the order they were enqueued: the next only once the one
+/// before was acked or dead-lettered, not while it waits for its retry or
+/// after a release. Other keys are not held. (A backend that keeps no
+/// order is not checked: nothing it does is wrong.)
+pub async fn key_order_as_declared(h: &dyn Harness) {
+    if !h.keeps_key_order() {
+        return;
+    }
+    let q = h.open().await;
+    for (id, key) in [("a1", "a"), ("a2", "a"), ("b1", "b"), ("a3", "a")] {
+        let r = q.enqueue(message(id, Some(key))).await.expect("enqueue");
+        assert!(matches!(r, Enqueued::New { .. }), "{id}: {r:?}");
+    }
+    let ids = |got: &[Delivery]| -> BTreeSet<String> {
+        got.iter().map(|d| d.message.event_id.clone()).collect()
+    };
+    let heads = claim_n(q.as_ref(), 2, LONG_LEASE).await;
+    assert_eq!(ids(&heads), ["a1", "b1"].map(String::from).into());
+    assert_nothing_delivered(q.as_ref(), Duration::from_millis(200), "a2 waits for a1").await;
+    let a1 = heads.iter().find(|d| d.message.event_id == "a1").expect("a1");
+    q.retry_later(&a1.receipt, Duration::from_millis(300), "lock timeout")
+        .await
+        .expect("retry");
+    let back = claim_one(q.as_ref(), LONG_LEASE).await;
+    assert_eq!(back.message.event_id, "a1", "a2 waited for a1's retry");
+    q.release(&back.receipt, Duration::ZERO).await.expect("release");
+    let back = claim_one(q.as_ref(), LONG_LEASE).await;
+    assert_eq!(back.message.event_id, "a1", "a released head stays first");
+    q.ack(&back.receipt).await.expect("ack");
+    let next = claim_one(q.as_ref(), LONG_LEASE).await;
+    assert_eq!(next.message.event_id, "a2");
+    q.dead_letter(&next.receipt, &poison()).await.expect("dead letter");
+    let last = claim_one(q.as_ref(), LONG_LEASE).await;
+    assert_eq!(last.message.event_id, "a3", "a dead letter frees its key");
 }

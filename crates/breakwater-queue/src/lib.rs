@@ -49,7 +49,7 @@ mod stats;
 pub mod conformance;
 
 pub use backend::{
-    Backend, ConfigProblem, DEFAULT_BACKEND, OpenMode, QueueSection, SINGLE_NODE_BACKENDS,
+    Backend, ConfigProblem, DEFAULT_BACKEND, KeyOrder, OpenMode, QueueSection, SINGLE_NODE_BACKENDS,
     own_keys_table,
 };
 pub use dead_letter::{DeadLetter, DeadLetterReason, DlqPage};

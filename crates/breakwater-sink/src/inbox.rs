@@ -11,6 +11,9 @@ pub struct InboxRecord {
     /// When the transaction that applied it ran (its commit followed).
     pub applied_at_ms: Option<i64>,
     pub entity_key: Option<String>,
+    /// Set when it was superseded: the event whose newer version its
+    /// entity key already held (its statements did not run).
+    pub superseded_by: Option<String>,
 }
 
 /// What the sink that applies a source's events knows of one event.

@@ -8,6 +8,19 @@
 //! configured statements with parameters bound from the event. A
 //! redelivery finds the inbox row and has no second effect.
 //!
+//! **Stale events.** A source with a version (`version = "json:/created"`
+//! or a header: [`SinkSettings::versions`], read and normalised to an
+//! integer by the `version` module) has, per entity key, the newest version
+//! applied kept in `breakwater_versions (source, entity_key, version,
+//! event_id)`, in the same transaction. A new event of a key whose stored
+//! version is higher is [`Applied::Superseded`]: its statements do not run,
+//! its inbox row is kept with `superseded_by` naming the newer event, and
+//! the transaction commits. An equal or higher version applies (and is
+//! stored); an event without a key or a version applies as if there were
+//! no guard. PostgreSQL does it in the inbox insert's own statement (an
+//! `ON CONFLICT ... DO UPDATE ... WHERE` whose row lock orders two sessions
+//! of one key), so it costs no round trip.
+//!
 //! [`connect`] creates the inbox table if it is missing and prepares every
 //! configured statement once, so a statement naming an undefined table or
 //! column, a syntax error or (PostgreSQL) a parameter whose type cannot be
@@ -36,12 +49,13 @@ mod settings;
 mod sqlite;
 mod statement;
 mod target_gate;
+mod version;
 
 pub use forward::{ForwardSpec, ForwardTarget};
 pub use inbox::{InboxLookup, InboxRecord};
 pub use postgres::DatabaseAudit;
 pub use routed::RoutedSink;
-pub use settings::{LockWaitersScope, SinkSettings, redact_url};
+pub use settings::{LockWaitersScope, SinkSettings, redact_http_url, redact_url};
 
 /// One webhook to apply.
 #[derive(Debug, Clone, Copy)]
@@ -58,12 +72,17 @@ pub struct Event<'a> {
 }
 
 /// What applying did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// First time: the inbox row was inserted and the statements ran.
     New,
     /// This source's event id was already in the inbox: nothing ran.
     Duplicate,
+    /// First time, but its entity key already holds a newer version
+    /// (applied by event `by`): the inbox row was inserted (with
+    /// `superseded_by`) and the statements did not run. Settled like a
+    /// success.
+    Superseded { by: String },
 }
 
 /// Whether a failure is the database's or the message's.
@@ -99,7 +118,8 @@ pub struct SinkError {
     /// Also: `busy` (SQLite's lock timeout), `resources` (disk full, out of
     /// memory, I/O error: dependency), `database` (an unrecognised database
     /// error: dependency), `raised` (PostgreSQL `RAISE EXCEPTION`, e.g. a
-    /// trigger rejecting the row: permanent). `sql` (SQLSTATE class 42,
+    /// trigger rejecting the row: permanent), `invalid_version` (the
+    /// source's version is present but not a version: permanent). `sql` (SQLSTATE class 42,
     /// SQLite `SQLITE_ERROR`) is a bug in the configured statement, not in
     /// the message; it is permanent so that it dead-letters instead of
     /// tripping the breaker.
@@ -197,7 +217,8 @@ impl SinkError {
 /// Statements configured for one source: SQL with `$name` parameters, and
 /// where each name's value comes from (`json:/pointer` or `header:Name`).
 /// Built-in names need no entry: `$entity`, `$event_id`, `$source`,
-/// `$payload` (the body as JSON).
+/// `$payload` (the body as JSON), `$version` (the event's version as a
+/// bigint, `NULL` when it carries none; only for a source with a version).
 #[derive(Debug, Clone, Default)]
 pub struct StatementSpec {
     pub sql: String,
@@ -268,7 +289,7 @@ pub async fn connect(
     statements: &BTreeMap<String, Vec<StatementSpec>>,
 ) -> Result<Arc<dyn Sink>, SinkSetupError> {
     let dialect = dialect_of(settings)?;
-    let compiled = statement::compile_all(statements, dialect)?;
+    let compiled = statement::compile_all(statements, &settings.versions, dialect)?;
     Ok(match dialect {
         statement::Dialect::Postgres => {
             Arc::new(postgres::PgSink::connect(settings, compiled).await?)
@@ -284,7 +305,7 @@ pub fn check(
     settings: &SinkSettings,
     statements: &BTreeMap<String, Vec<StatementSpec>>,
 ) -> Result<(), SinkSetupError> {
-    statement::compile_all(statements, dialect_of(settings)?)?;
+    statement::compile_all(statements, &settings.versions, dialect_of(settings)?)?;
     Ok(())
 }
 

@@ -5,6 +5,7 @@
 //! Kept apart from the backends so the service can build and validate
 //! settings from its config without touching a database.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -29,6 +30,10 @@ pub struct SinkSettings {
     pub acquire_timeout: Duration,
     /// Which lock waiters [`crate::Sink::lock_snapshot`] counts.
     pub lock_waiters_scope: LockWaitersScope,
+    /// Per source, where its events carry their version for the
+    /// stale-event guard (`json:/pointer` or `header:Name`); a source not
+    /// named has no guard.
+    pub versions: BTreeMap<String, String>,
 }
 
 /// Which sessions waiting on a lock the PostgreSQL sink reports to the
@@ -58,6 +63,7 @@ impl SinkSettings {
             pool_max: 20,
             acquire_timeout: Duration::from_secs(2),
             lock_waiters_scope: LockWaitersScope::default(),
+            versions: BTreeMap::new(),
         }
     }
 
@@ -106,24 +112,31 @@ impl fmt::Debug for SinkSettings {
             .field("pool_max", &self.pool_max)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("lock_waiters_scope", &self.lock_waiters_scope)
+            .field("versions", &self.versions)
             .finish()
     }
 }
 
-/// `url` with its password, if any, replaced by `<redacted>`: the one in
-/// the user info and a `password=` query parameter (libpq reads one there
-/// too). The user info ends, as libpq reads it, at the first `@` met before
-/// any `/`, or past that at the last `@` before the next `/`, so a password
-/// holding `?` or `@` is hidden whole.
+/// Query keys whose value is a secret to libpq or tokio-postgres:
+/// `password`, `sslpassword` (libpq's, for an encrypted client key) and
+/// `oauth_client_secret` (libpq 18's). Compared as the drivers read a key:
+/// percent-decoded, and here whatever its case.
+const SECRET_QUERY_KEYS: [&str; 3] = ["password", "sslpassword", "oauth_client_secret"];
+
+/// `url` (a database's or a broker's) with its password, if any, replaced
+/// by `<redacted>`: the one in the user info and the value of every query
+/// key a driver reads as a secret (`password`, `sslpassword`,
+/// `oauth_client_secret`, percent-encoded or not: both drivers decode a key
+/// before they read it, so `pass%77ord` is `password`). The user info ends,
+/// as libpq reads it, at the first `@` met before any `/`, or past that at
+/// the last `@` before the next `/`, so a password holding `?` or `@` is
+/// hidden whole. The other query parameters stay readable.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
     let start = scheme_end + 3;
     let rest = &url[start..];
-    let mut out = String::with_capacity(url.len());
-    let mut tail = rest;
-    out.push_str(&url[..start]);
     // Where the user info ends, as libpq reads it (the last `@` of the
     // authority) and as tokio-postgres does (the first `@` anywhere): the
     // later of the two, so whatever either driver would send as a
@@ -136,7 +149,91 @@ pub fn redact_url(url: &str) -> String {
             rest[..authority_end].rfind('@').unwrap_or(first)
         });
     let tokio_postgres = rest.find('@');
-    if let Some(at) = libpq.max(tokio_postgres) {
+    redacted(
+        &url[..start],
+        rest,
+        libpq.max(tokio_postgres),
+        HiddenValues::DriverSecrets,
+    )
+}
+
+/// An HTTP URL (a forward target's, or a redirect's `Location`, which may
+/// be a path alone) for people: the user info's password and the value of
+/// every query parameter replaced by `<redacted>`, the names kept (a
+/// parameter without a value is hidden whole). A target takes tokens in
+/// any parameter, so none is shown. The user info ends where the HTTP
+/// client ends it (RFC 3986: the last `@` before the first `/`, `?` or
+/// `#`); when what precedes that `/`, `?` or `#` cannot be a host and port
+/// (`user:pa/ss@host`, a password whose `/` was not written `%2F`), at the
+/// first `@`, so what was meant as a password is hidden all the same.
+pub fn redact_http_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        // A path (`/next?token=...`): no user info.
+        None => ("", url),
+    };
+    let userinfo_end = if scheme.is_empty() {
+        None
+    } else {
+        http_userinfo_end(rest)
+    };
+    redacted(scheme, rest, userinfo_end, HiddenValues::All)
+}
+
+/// Where the user info of `rest` (an HTTP URL past `scheme://`) ends: see
+/// [`redact_http_url`].
+fn http_userinfo_end(rest: &str) -> Option<usize> {
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    if let Some(at) = authority.rfind('@') {
+        return Some(at);
+    }
+    // `[v6]:port` or `host:port`: the port, if any, must be digits.
+    let host_port = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, after)| after);
+    let port_is_digits = host_port
+        .rsplit_once(':')
+        .is_none_or(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()));
+    if port_is_digits { None } else { rest.find('@') }
+}
+
+/// Which query values a redacted URL hides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HiddenValues {
+    /// Those of the keys a database driver reads as secrets
+    /// ([`SECRET_QUERY_KEYS`]); a parameter without a value stays.
+    DriverSecrets,
+    /// Every value, and every parameter without one.
+    All,
+}
+
+impl HiddenValues {
+    fn hides(self, key: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::DriverSecrets => {
+                let key = percent_decoded(key);
+                SECRET_QUERY_KEYS
+                    .iter()
+                    .any(|secret| key.eq_ignore_ascii_case(secret))
+            }
+        }
+    }
+}
+
+/// `scheme` and `rest` again, with the password of the user info (the
+/// part of `rest` before `userinfo_end`) and the query values `hidden`
+/// says replaced by `<redacted>`.
+fn redacted(
+    scheme: &str,
+    rest: &str,
+    userinfo_end: Option<usize>,
+    hidden: HiddenValues,
+) -> String {
+    let mut out = String::with_capacity(scheme.len() + rest.len());
+    out.push_str(scheme);
+    let mut tail = rest;
+    if let Some(at) = userinfo_end {
         let userinfo = &rest[..at];
         match userinfo.find(':') {
             Some(colon) => {
@@ -147,27 +244,54 @@ pub fn redact_url(url: &str) -> String {
         }
         tail = &rest[at..];
     }
-    match tail.split_once('?') {
-        Some((path, query)) => {
-            out.push_str(path);
-            out.push('?');
-            let params: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _))
-                        if key.eq_ignore_ascii_case("password")
-                            || key.eq_ignore_ascii_case("sslpassword") =>
-                    {
-                        format!("{key}=<redacted>")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            out.push_str(&params.join("&"));
+    let Some((path, query)) = tail.split_once('?') else {
+        out.push_str(tail);
+        return out;
+    };
+    out.push_str(path);
+    out.push('?');
+    for (i, pair) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
         }
-        None => out.push_str(tail),
+        match pair.split_once('=') {
+            Some((key, _)) if hidden.hides(key) => {
+                out.push_str(key);
+                out.push_str("=<redacted>");
+            }
+            // A bare parameter: a secret where every value may be one.
+            None if !pair.is_empty() && hidden == HiddenValues::All => {
+                out.push_str("<redacted>");
+            }
+            _ => out.push_str(pair),
+        }
     }
     out
+}
+
+/// `s` percent-decoded (`%XX` as the byte it spells, anything else as it
+/// is), read as UTF-8 with invalid sequences replaced.
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(high), Some(low)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            // Two hex digits: below 256.
+            out.push(u8::try_from(high * 16 + low).unwrap_or(u8::MAX));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whole milliseconds, at least 1, as PostgreSQL settings take them.
@@ -236,5 +360,75 @@ mod tests {
             redact_url("postgres://bw@db/app?sslmode=require&password=hunter2"),
             "postgres://bw@db/app?sslmode=require&password=<redacted>"
         );
+    }
+
+    #[test]
+    fn a_secret_key_is_recognised_as_the_driver_decodes_it() {
+        // tokio-postgres percent-decodes a key before it reads it.
+        let url = "postgres://u@host/db?application_name=a&pass%77ord=s3cret";
+        let driver: tokio_postgres::Config = url.parse().expect("url");
+        assert_eq!(driver.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(
+            redact_url(url),
+            "postgres://u@host/db?application_name=a&pass%77ord=<redacted>"
+        );
+        assert_eq!(
+            redact_url(
+                "postgres://u@h/db?%70%61%73%73%77%6F%72%64=a&%73slpassword=b\
+                 &oauth_client_secret=c&PASSWORD=d&sslmode=require"
+            ),
+            "postgres://u@h/db?%70%61%73%73%77%6F%72%64=<redacted>&%73slpassword=<redacted>\
+             &oauth_client_secret=<redacted>&PASSWORD=<redacted>&sslmode=require"
+        );
+        // Not a secret key: `%` not followed by two hex digits, a longer
+        // name.
+        assert_eq!(
+            redact_url("postgres://u@h/db?pass%7word=a&passwords=b"),
+            "postgres://u@h/db?pass%7word=a&passwords=b"
+        );
+        assert_eq!(percent_decoded("a%2Fb%zz%4"), "a/b%zz%4");
+    }
+
+    #[test]
+    fn an_http_url_shows_neither_its_password_nor_its_query_values() {
+        assert_eq!(
+            redact_http_url("http://user:PASSWORD@host:8080/hook?token=TOKEN&v=2"),
+            "http://user:<redacted>@host:8080/hook?token=<redacted>&v=<redacted>"
+        );
+        assert_eq!(
+            redact_http_url("https://svc/hooks/stripe"),
+            "https://svc/hooks/stripe"
+        );
+        assert_eq!(redact_http_url("https://tok@svc/x"), "https://tok@svc/x");
+        // An `@` in the query or the path is not the user info's.
+        assert_eq!(
+            redact_http_url("http://svc:7000/users/@me?mail=a@b&key"),
+            "http://svc:7000/users/@me?mail=<redacted>&<redacted>"
+        );
+        assert_eq!(
+            redact_http_url("http://[::1]:7000/@x?a=1"),
+            "http://[::1]:7000/@x?a=<redacted>"
+        );
+        // The client's user info runs to the authority's last `@`.
+        assert_eq!(
+            redact_http_url("http://u:p@ss@host/x"),
+            "http://u:<redacted>@host/x"
+        );
+        // A `/` or `?` left unescaped in a password ends the authority for
+        // the client (which reads `pa` as a port): hidden all the same.
+        assert_eq!(
+            redact_http_url("http://u:pa/ss@host/x?t=1"),
+            "http://u:<redacted>@host/x?t=<redacted>"
+        );
+        assert_eq!(
+            redact_http_url("http://u:pa?ss@host/x"),
+            "http://u:<redacted>@host/x"
+        );
+        // A redirect's `Location` may be a path alone.
+        assert_eq!(
+            redact_http_url("/next?session=abc&&x="),
+            "/next?session=<redacted>&&x=<redacted>"
+        );
+        assert_eq!(redact_http_url("/a@b:c"), "/a@b:c");
     }
 }

@@ -43,6 +43,12 @@
 //! same way, so it rolls back as a PostgreSQL one does (or, still waiting
 //! in the list, is never started). Each apply has a stop flag of its own,
 //! so a late stop never reaches the apply after it.
+//!
+//! **Who may read it.** The inbox holds whole payloads: a database the
+//! sink creates is `0600` (and so its `-wal` and `-shm`, which SQLite
+//! makes with the main file's mode), the folders it creates on the way
+//! `0700`, whatever the umask ([`create_private`]). An existing database
+//! or folder keeps its mode.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -71,7 +77,15 @@ CREATE TABLE IF NOT EXISTS breakwater_inbox (
     payload     TEXT,
     received_at TEXT NOT NULL,
     applied_at  TEXT,
+    superseded_by TEXT,
     PRIMARY KEY (source, event_id)
+);
+CREATE TABLE IF NOT EXISTS breakwater_versions (
+    source     TEXT NOT NULL,
+    entity_key TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    event_id   TEXT NOT NULL,
+    PRIMARY KEY (source, entity_key)
 );";
 
 const INSERT_INBOX: &str = "\
@@ -83,8 +97,20 @@ ON CONFLICT (source, event_id) DO NOTHING";
 const SELECT_INBOX: &str = "\
 SELECT CAST(round((julianday(received_at) - 2440587.5) * 86400000.0) AS INTEGER),
        CAST(round((julianday(applied_at) - 2440587.5) * 86400000.0) AS INTEGER),
-       entity_key
+       entity_key, superseded_by
 FROM breakwater_inbox WHERE source = ?1 AND event_id = ?2";
+
+/// The newest version applied for an entity key, and by which event.
+const SELECT_VERSION: &str = "\
+SELECT version, event_id FROM breakwater_versions WHERE source = ?1 AND entity_key = ?2";
+
+const STORE_VERSION: &str = "\
+INSERT INTO breakwater_versions (source, entity_key, version, event_id) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (source, entity_key) DO UPDATE
+    SET version = excluded.version, event_id = excluded.event_id";
+
+const SUPERSEDE: &str = "\
+UPDATE breakwater_inbox SET superseded_by = ?3 WHERE source = ?1 AND event_id = ?2";
 
 /// Where a `sqlite:` URL points.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,11 +212,7 @@ fn open_connection(
     let conn = match location {
         Location::Memory => Connection::open_in_memory().map_err(|e| connect(&e))?,
         Location::File(path) => {
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(|e| {
-                    SinkSetupError::Connect(format!("cannot create {}: {e}", parent.display()))
-                })?;
-            }
+            create_private(path)?;
             Connection::open(Path::new(path)).map_err(|e| connect(&e))?
         }
     };
@@ -210,8 +232,58 @@ fn open_connection(
     conn.set_prepared_statement_cache_capacity(64);
     conn.execute_batch(MIGRATION)
         .map_err(|e| SinkSetupError::Migrate(e.to_string()))?;
+    add_superseded_by(&conn)?;
     check_inbox_key(&conn)?;
     Ok(conn)
+}
+
+/// Creates the database at `path` readable by its owner only, unless it
+/// exists: the folders missing on the way `0700`, the file `0600` (empty;
+/// SQLite makes it a database), whatever the umask. SQLite gives the
+/// `-wal` and `-shm` files beside it the main file's mode. A folder or a
+/// database that already exists keeps the mode its owner gave it (the
+/// database may be shared with another program on purpose).
+fn create_private(path: &Path) -> Result<(), SinkSetupError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let cannot = |what: &Path, e: std::io::Error| {
+        SinkSetupError::Connect(format!("cannot create {}: {e}", what.display()))
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(|e| cannot(parent, e))?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(cannot(path, e)),
+    }
+}
+
+/// Adds `superseded_by` to an inbox made before the stale-event guard
+/// (SQLite has no `ADD COLUMN IF NOT EXISTS`).
+fn add_superseded_by(conn: &Connection) -> Result<(), SinkSetupError> {
+    let migrate = |e: rusqlite::Error| SinkSetupError::Migrate(e.to_string());
+    let has: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('breakwater_inbox') \
+             WHERE name = 'superseded_by'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(migrate)?;
+    if !has {
+        conn.execute_batch("ALTER TABLE breakwater_inbox ADD COLUMN superseded_by TEXT")
+            .map_err(migrate)?;
+    }
+    Ok(())
 }
 
 /// Fails setup unless the inbox is keyed on `(source, event_id)`.
@@ -262,6 +334,8 @@ struct Job {
     payload: String,
     received_at: String,
     values: Vec<Vec<ParamValue>>,
+    /// Its version, if its source has one and it carries one.
+    version: Option<i64>,
 }
 
 impl SqliteSink {
@@ -281,7 +355,12 @@ impl SqliteSink {
 #[async_trait]
 impl Sink for SqliteSink {
     async fn apply(&self, event: &Event<'_>) -> Result<Applied, SinkError> {
-        let Bound { json, values, .. } = bind(&self.statements, event)?;
+        let Bound {
+            json,
+            values,
+            version,
+            ..
+        } = bind(&self.statements, event)?;
         // The body as it came when it is JSON; else as a JSON string, never
         // as NULL.
         let payload = match (&json, std::str::from_utf8(event.body)) {
@@ -299,6 +378,7 @@ impl Sink for SqliteSink {
             payload,
             received_at,
             values,
+            version,
         };
 
         let stop = Arc::new(AtomicBool::new(false));
@@ -373,6 +453,7 @@ impl Sink for SqliteSink {
                     received_at_ms: row.get::<_, Option<i64>>(0)?.unwrap_or_default(),
                     applied_at_ms: row.get(1)?,
                     entity_key: row.get(2)?,
+                    superseded_by: row.get(3)?,
                 })
             });
             match found {
@@ -565,7 +646,8 @@ fn in_savepoint(conn: &Connection, statements: &Compiled, job: &Job) -> Result<A
     }
 }
 
-/// The inbox row, then (if it is new) the source's statements.
+/// The inbox row, then (if it is new and not superseded) the source's
+/// statements.
 fn apply_one(conn: &Connection, statements: &Compiled, job: &Job) -> Result<Applied, SinkError> {
     let inserted = conn
         .prepare_cached(INSERT_INBOX)
@@ -582,6 +664,11 @@ fn apply_one(conn: &Connection, statements: &Compiled, job: &Job) -> Result<Appl
     if inserted == 0 {
         return Ok(Applied::Duplicate);
     }
+    if let (Some(version), Some(key)) = (job.version, &job.entity_key)
+        && let Some(by) = guard_version(conn, job, key, version)?
+    {
+        return Ok(Applied::Superseded { by });
+    }
     let compiled = statements.get(&job.source).map_or(&[][..], Vec::as_slice);
     for (statement, values) in compiled.iter().zip(&job.values) {
         let mut prepared = conn.prepare_cached(&statement.sql).map_err(classify)?;
@@ -592,6 +679,36 @@ fn apply_one(conn: &Connection, statements: &Compiled, job: &Job) -> Result<Appl
         while rows.next().map_err(classify)?.is_some() {}
     }
     Ok(Applied::New)
+}
+
+/// The stale-event guard of a new event with a key and a version: the
+/// newer event that supersedes it (its inbox row then says so), or `None`
+/// after storing its version as its key's newest. One writer, so nothing
+/// moves between the read and the write.
+fn guard_version(
+    conn: &Connection,
+    job: &Job,
+    key: &str,
+    version: i64,
+) -> Result<Option<String>, SinkError> {
+    let stored: Option<(i64, String)> = match conn
+        .prepare_cached(SELECT_VERSION)
+        .and_then(|mut s| s.query_row([&job.source, key], |r| Ok((r.get(0)?, r.get(1)?))))
+    {
+        Ok(found) => Some(found),
+        Err(rusqlite::Error::QueryReturnedNoRows) => None,
+        Err(e) => return Err(classify(e)),
+    };
+    if let Some((_, by)) = stored.filter(|(newest, _)| *newest > version) {
+        conn.prepare_cached(SUPERSEDE)
+            .and_then(|mut s| s.execute(rusqlite::params![job.source, job.event_id, by]))
+            .map_err(classify)?;
+        return Ok(Some(by));
+    }
+    conn.prepare_cached(STORE_VERSION)
+        .and_then(|mut s| s.execute(rusqlite::params![job.source, key, version, job.event_id]))
+        .map_err(classify)?;
+    Ok(None)
 }
 
 fn to_sqlite(value: &ParamValue) -> SqlValue {

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
+use crate::version::VersionSpec;
 use crate::{Event, SinkError, SinkSetupError, StatementSpec};
 
 /// Which placeholder syntax to emit.
@@ -37,6 +38,9 @@ pub(crate) enum ParamSource {
     Source,
     /// `$payload`: the whole body as JSON.
     Payload,
+    /// `$version`: the event's version, normalised (`crate::version`);
+    /// `NULL` when it carries none.
+    Version,
     /// `json:/pointer` into the body.
     Json(String),
     /// `header:Name`, looked up case-insensitively.
@@ -45,7 +49,7 @@ pub(crate) enum ParamSource {
 
 impl ParamSource {
     /// Parses a `params` entry: `json:/pointer` or `header:Name`.
-    fn parse(spec: &str) -> Result<Self, String> {
+    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
         if let Some(pointer) = spec.strip_prefix("json:") {
             if !pointer.is_empty() && !pointer.starts_with('/') {
                 return Err(format!(
@@ -72,6 +76,7 @@ impl ParamSource {
             "event_id" => Some(Self::EventId),
             "source" => Some(Self::Source),
             "payload" => Some(Self::Payload),
+            "version" => Some(Self::Version),
             _ => None,
         }
     }
@@ -93,64 +98,109 @@ pub(crate) struct CompiledStatement {
 
 impl CompiledStatement {
     /// Extracts every parameter's value from `event`. `json` is the body
-    /// parsed as JSON, or `None` if it is not JSON.
+    /// parsed as JSON, or `None` if it is not JSON; `version` the event's
+    /// version (`$version`).
     pub(crate) fn values(
         &self,
         event: &Event<'_>,
         json: Option<&Value>,
+        version: Option<i64>,
     ) -> Result<Vec<ParamValue>, SinkError> {
         self.params
             .iter()
-            .map(|p| extract(&p.name, &p.source, event, json))
+            .map(|p| extract(&p.name, &p.source, event, json, version))
             .collect()
     }
 }
 
-/// The statements of every source, compiled.
-pub(crate) type Compiled = HashMap<String, Vec<CompiledStatement>>;
+/// The statements of every source, compiled, and where each source's
+/// events carry their version (sources without one are not named).
+#[derive(Debug, Default)]
+pub(crate) struct Compiled {
+    statements: HashMap<String, Vec<CompiledStatement>>,
+    versions: HashMap<String, VersionSpec>,
+}
 
-/// An event's statements with every parameter's value bound, and the body
-/// parsed as JSON (if it is JSON). Done before a connection is taken, so a
-/// message that cannot be bound (poison) costs no database time.
+impl Compiled {
+    /// `source`'s statements.
+    pub(crate) fn get(&self, source: &str) -> Option<&Vec<CompiledStatement>> {
+        self.statements.get(source)
+    }
+
+    /// Every source's statements.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &Vec<CompiledStatement>)> {
+        self.statements.iter()
+    }
+}
+
+/// An event's statements with every parameter's value bound, the body
+/// parsed as JSON (if it is JSON), and its version (if its source has one
+/// and it carries one). Done before a connection is taken, so a message
+/// that cannot be bound (poison) costs no database time.
 pub(crate) struct Bound<'s> {
     pub(crate) statements: &'s [CompiledStatement],
     pub(crate) json: Option<Value>,
     pub(crate) values: Vec<Vec<ParamValue>>,
+    pub(crate) version: Option<i64>,
 }
 
-/// Binds the statements of `event.source` from `event`.
+/// Binds the statements of `event.source` from `event`, and reads its
+/// version.
 pub(crate) fn bind<'s>(compiled: &'s Compiled, event: &Event<'_>) -> Result<Bound<'s>, SinkError> {
     let statements = compiled.get(event.source).map_or(&[][..], Vec::as_slice);
     let json = parse_body(event.body);
+    let version = match compiled.versions.get(event.source) {
+        Some(spec) => spec.read(event, json.as_ref())?,
+        None => None,
+    };
     let values = statements
         .iter()
-        .map(|s| s.values(event, json.as_ref()))
+        .map(|s| s.values(event, json.as_ref(), version))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Bound {
         statements,
         json,
         values,
+        version,
     })
 }
 
-/// Compiles every source's statements for `dialect`.
+/// Compiles every source's statements for `dialect`, and the versions of
+/// the sources `versions` names (`json:/pointer` or `header:Name`). A
+/// statement using `$version` needs its source to have one.
 pub(crate) fn compile_all(
     statements: &BTreeMap<String, Vec<StatementSpec>>,
+    versions: &BTreeMap<String, String>,
     dialect: Dialect,
 ) -> Result<Compiled, SinkSetupError> {
-    let mut out = HashMap::with_capacity(statements.len());
+    let mut out = Compiled::default();
+    for (source, spec) in versions {
+        let version = VersionSpec::parse(spec).map_err(|e| {
+            SinkSetupError::Settings(format!("source \"{source}\": version {e}"))
+        })?;
+        out.versions.insert(source.clone(), version);
+    }
     for (source, specs) in statements {
         let mut compiled = Vec::with_capacity(specs.len());
         for (index, spec) in specs.iter().enumerate() {
-            let statement =
-                compile(spec, dialect).map_err(|message| SinkSetupError::Statement {
-                    source_name: source.clone(),
-                    index,
-                    message,
-                })?;
+            let error = |message| SinkSetupError::Statement {
+                source_name: source.clone(),
+                index,
+                message,
+            };
+            let statement = compile(spec, dialect).map_err(error)?;
+            if !out.versions.contains_key(source)
+                && statement.params.iter().any(|p| p.source == ParamSource::Version)
+            {
+                return Err(error(
+                    "$version: the source has no version (set version = \"json:/pointer\" or \
+                     \"header:Name\" on it)"
+                        .to_owned(),
+                ));
+            }
             compiled.push(statement);
         }
-        out.insert(source.clone(), compiled);
+        out.statements.insert(source.clone(), compiled);
     }
     Ok(out)
 }
@@ -176,7 +226,8 @@ pub(crate) fn compile(spec: &StatementSpec, dialect: Dialect) -> Result<Compiled
             (None, None) => {
                 return Err(format!(
                     "unknown parameter ${name}: declare it in params (json:/pointer or \
-                     header:Name) or use a built-in ($entity, $event_id, $source, $payload)"
+                     header:Name) or use a built-in ($entity, $event_id, $source, $payload, \
+                     $version)"
                 ));
             }
         };
@@ -419,6 +470,7 @@ fn extract(
     source: &ParamSource,
     event: &Event<'_>,
     json: Option<&Value>,
+    version: Option<i64>,
 ) -> Result<ParamValue, SinkError> {
     Ok(match source {
         ParamSource::Entity => ParamValue::Text(
@@ -440,6 +492,7 @@ fn extract(
         ParamSource::EventId => ParamValue::Text(event.event_id.to_owned()),
         ParamSource::Source => ParamValue::Text(event.source.to_owned()),
         ParamSource::Payload => ParamValue::Json(json.ok_or_else(|| invalid_json(name))?.clone()),
+        ParamSource::Version => version.map_or(ParamValue::Null, |v| ParamValue::Json(v.into())),
         ParamSource::Json(pointer) => {
             let doc = json.ok_or_else(|| invalid_json(name))?;
             match doc.pointer(pointer) {
@@ -565,7 +618,7 @@ mod tests {
             "stripe".to_owned(),
             vec![spec("SELECT 1", &[]), spec("SELECT $x", &[])],
         );
-        let err = compile_all(&all, Dialect::Sqlite).expect_err("rejected");
+        let err = compile_all(&all, &BTreeMap::new(), Dialect::Sqlite).expect_err("rejected");
         match err {
             SinkSetupError::Statement {
                 source_name, index, ..
@@ -611,7 +664,7 @@ mod tests {
         )
         .expect("compiles");
         let values = c
-            .values(&event(&headers, body), json.as_ref())
+            .values(&event(&headers, body), json.as_ref(), None)
             .expect("extracts");
         assert_eq!(
             values,
@@ -633,6 +686,47 @@ mod tests {
     }
 
     #[test]
+    fn version_is_a_builtin_bound_as_an_integer_or_null() {
+        let c = compile(
+            &spec("UPDATE t SET v = $version WHERE id = $entity", &[]),
+            Dialect::Postgres,
+        )
+        .expect("compiles");
+        assert_eq!(c.params[0].source, ParamSource::Version);
+        let ev = event(&[], b"{}");
+        assert_eq!(
+            c.values(&ev, None, Some(1_700_000_000)).expect("values")[0],
+            ParamValue::Json(json!(1_700_000_000))
+        );
+        assert_eq!(
+            c.values(&ev, None, None).expect("values")[0],
+            ParamValue::Null
+        );
+        assert!(
+            compile(&spec("SELECT $version", &[("version", "json:/v")]), Dialect::Sqlite)
+                .expect_err("declared")
+                .contains("built in")
+        );
+
+        let mut all = BTreeMap::new();
+        all.insert(
+            "stripe".to_owned(),
+            vec![spec("SELECT $version", &[])],
+        );
+        let err = compile_all(&all, &BTreeMap::new(), Dialect::Sqlite).expect_err("no version");
+        assert!(err.to_string().contains("$version"), "{err}");
+        let mut versions = BTreeMap::new();
+        versions.insert("stripe".to_owned(), "json:/created".to_owned());
+        let compiled = compile_all(&all, &versions, Dialect::Sqlite).expect("compiles");
+        let body = br#"{"created":1700000000}"#;
+        let bound = bind(&compiled, &event(&[], body)).expect("binds");
+        assert_eq!(bound.version, Some(1_700_000_000));
+        assert_eq!(bound.values[0], [ParamValue::Json(json!(1_700_000_000))]);
+        versions.insert("stripe".to_owned(), "created".to_owned());
+        assert!(compile_all(&all, &versions, Dialect::Sqlite).is_err());
+    }
+
+    #[test]
     fn missing_values_and_bad_json_are_permanent() {
         let c = compile(
             &spec("SELECT $status", &[("status", "json:/data/status")]),
@@ -641,7 +735,7 @@ mod tests {
         .expect("compiles");
         let body = br#"{"data":{}}"#;
         let err = c
-            .values(&event(&[], body), parse_body(body).as_ref())
+            .values(&event(&[], body), parse_body(body).as_ref(), None)
             .expect_err("missing");
         assert_eq!(
             (err.class, err.kind),
@@ -650,7 +744,7 @@ mod tests {
         assert!(err.message.contains("$status"), "{err}");
 
         let err = c
-            .values(&event(&[], b"not json"), None)
+            .values(&event(&[], b"not json"), None, None)
             .expect_err("bad json");
         assert_eq!(
             (err.class, err.kind),
@@ -663,7 +757,7 @@ mod tests {
         )
         .expect("compiles");
         let err = h
-            .values(&event(&[], b"not json"), None)
+            .values(&event(&[], b"not json"), None, None)
             .expect_err("no header");
         assert_eq!(err.kind, "missing_param");
 
@@ -671,13 +765,13 @@ mod tests {
         let mut ev = event(&[], b"{}");
         ev.entity_key = None;
         assert_eq!(
-            e.values(&ev, Some(&json!({}))).expect_err("no key").kind,
+            e.values(&ev, Some(&json!({})), None).expect_err("no key").kind,
             "missing_param"
         );
         // No key because the body is not JSON: the reason says so.
         let mut ev = event(&[], b"not json");
         ev.entity_key = None;
-        let err = e.values(&ev, None).expect_err("no key");
+        let err = e.values(&ev, None, None).expect_err("no key");
         assert_eq!(err.kind, "invalid_json");
         assert!(err.to_string().contains("not valid JSON"), "{err}");
     }

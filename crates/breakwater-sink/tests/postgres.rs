@@ -877,3 +877,341 @@ async fn a_locked_table_at_startup_times_out_instead_of_hanging() {
         .await
         .expect("connects once the lock is gone");
 }
+
+/// PostgreSQL holds U+0000 in neither jsonb nor text. A signed body
+/// spelling `\u0000` applies where no statement hands that value to the
+/// server (the inbox keeps the payload as a JSON string); passed through
+/// `$payload` into jsonb or as a text parameter, it is a permanent failure
+/// of that one message, with the SQLSTATE in its reason, and nothing of
+/// it is committed.
+#[tokio::test]
+async fn a_nul_reaching_jsonb_or_text_is_a_permanent_failure_with_its_sqlstate() {
+    let db = TestDb::new().await;
+    let (sink, c) = setup(&db, &db.settings()).await;
+    let h = headers();
+    let cases: [(&str, &[u8], &str); 2] = [
+        (
+            "evt_nul_payload",
+            br#"{"data":{"object":{"status":"paid"}},"note":"a\u0000b"}"#,
+            "22P05",
+        ),
+        (
+            "evt_nul_text",
+            br#"{"data":{"object":{"status":"pa\u0000id"}}}"#,
+            "22021",
+        ),
+    ];
+    for (id, body, sqlstate) in cases {
+        let err = sink
+            .apply(&event("stripe", id, "1042", &h, body))
+            .await
+            .expect_err("PostgreSQL refuses U+0000");
+        assert!(err.is_permanent(), "{id}: {err}");
+        assert!(err.to_string().contains(sqlstate), "{id}: {err}");
+        let inbox: i64 = c
+            .query_one(
+                "SELECT count(*) FROM breakwater_inbox WHERE event_id = $1",
+                &[&id],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(inbox, 0, "{id}: nothing of a failed apply is committed");
+    }
+    assert_eq!(hits(&c, 1042).await, 0);
+}
+
+/// The stale-event guard's orders table and its one source: `shop`, whose
+/// version is Shopify's `updated_at` (an RFC 3339 time), and whose
+/// statement records the version it applied and may sleep (`sleep`, in
+/// seconds) with the key's version row locked.
+const VERSIONED: &str = "
+CREATE TABLE versioned (
+    id      bigint PRIMARY KEY,
+    status  text NOT NULL,
+    version bigint,
+    hits    int NOT NULL DEFAULT 0
+);
+INSERT INTO versioned (id, status) VALUES (7, 'new'), (8, 'new');";
+
+fn versioned_statements() -> BTreeMap<String, Vec<StatementSpec>> {
+    let mut all = BTreeMap::new();
+    all.insert(
+        "shop".to_owned(),
+        vec![
+            spec(
+                "UPDATE versioned SET status = $status, version = $version, hits = hits + 1 \
+                 WHERE id = $entity::bigint",
+                &[("status", "json:/status")],
+            ),
+            spec("SELECT pg_sleep($sleep)", &[("sleep", "json:/sleep")]),
+        ],
+    );
+    all
+}
+
+fn versioned_settings(db: &TestDb) -> SinkSettings {
+    let mut s = db.settings();
+    s.versions
+        .insert("shop".to_owned(), "json:/updated_at".to_owned());
+    s
+}
+
+fn shop_body(status: &str, updated_at: Option<&str>, sleep: f64) -> Vec<u8> {
+    let mut body = serde_json::json!({"status": status, "sleep": sleep});
+    if let Some(at) = updated_at {
+        body["updated_at"] = serde_json::Value::from(at);
+    }
+    serde_json::to_vec(&body).expect("json")
+}
+
+async fn applies_shop(sink: &dyn Sink, id: &str, key: &str, body: &[u8]) -> Applied {
+    sink.apply(&event("shop", id, key, &[], body))
+        .await
+        .unwrap_or_else(|e| panic!("{id}: {e}"))
+}
+
+async fn versioned_row(c: &Client, id: i64) -> (String, Option<i64>, i32) {
+    let row = c
+        .query_one(
+            "SELECT status, version, hits FROM versioned WHERE id = $1",
+            &[&id],
+        )
+        .await
+        .expect("row");
+    (row.get(0), row.get(1), row.get(2))
+}
+
+async fn superseded_by(c: &Client, id: &str) -> Option<String> {
+    c.query_one(
+        "SELECT superseded_by FROM breakwater_inbox WHERE source = 'shop' AND event_id = $1",
+        &[&id],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{id} has an inbox row: {e}"))
+    .get(0)
+}
+
+/// One key's webhooks applied newest first end at the newest: the older
+/// ones are superseded (statements not run, inbox row kept naming the
+/// newer event, a redelivery a duplicate); an equal version applies; an
+/// event without a version applies as before; one whose
+/// version is not one is a permanent failure saying which value and why.
+#[tokio::test]
+async fn version_guard_supersedes_older_events_of_a_key() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(VERSIONED).await.expect("schema");
+    let sink = connect(&versioned_settings(&db), &versioned_statements())
+        .await
+        .expect("connect");
+    let micros = |at: &str| {
+        chrono::DateTime::parse_from_rfc3339(at)
+            .expect("time")
+            .timestamp_micros()
+    };
+    // Newest first; the last one in another offset, a second older.
+    let newest = "2024-01-01T10:00:02-05:00";
+    let sent = [
+        ("evt_3", "refunded", newest),
+        ("evt_2", "paid", "2024-01-01T10:00:01-05:00"),
+        ("evt_1", "pending", "2024-01-01T16:00:01+01:00"),
+    ];
+    for (id, status, at) in sent {
+        let applied = applies_shop(&*sink, id, "7", &shop_body(status, Some(at), 0.0)).await;
+        let expected = if id == "evt_3" {
+            Applied::New
+        } else {
+            Applied::Superseded {
+                by: "evt_3".to_owned(),
+            }
+        };
+        assert_eq!(applied, expected, "{id}");
+    }
+    assert_eq!(
+        versioned_row(&c, 7).await,
+        ("refunded".to_owned(), Some(micros(newest)), 1),
+        "the newest state, its statement run once"
+    );
+    assert_eq!(superseded_by(&c, "evt_3").await, None);
+    for id in ["evt_2", "evt_1"] {
+        assert_eq!(superseded_by(&c, id).await.as_deref(), Some("evt_3"), "{id}");
+    }
+    match sink.inbox_lookup("shop", "evt_2").await.expect("lookup") {
+        breakwater_sink::InboxLookup::Found(r) => {
+            assert_eq!(r.superseded_by.as_deref(), Some("evt_3"));
+            assert!(r.applied_at_ms.is_some());
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        applies_shop(&*sink, "evt_2", "7", &shop_body("paid", Some(sent[1].2), 0.0)).await,
+        Applied::Duplicate,
+        "a superseded event delivered again"
+    );
+
+    // Another key is not held back by this one's version.
+    assert_eq!(
+        applies_shop(&*sink, "evt_8", "8", &shop_body("paid", Some(sent[2].2), 0.0)).await,
+        Applied::New
+    );
+    // An equal version applies, in the order it comes.
+    assert_eq!(
+        applies_shop(&*sink, "evt_3b", "7", &shop_body("paid", Some(newest), 0.0)).await,
+        Applied::New
+    );
+    assert_eq!(
+        versioned_row(&c, 7).await,
+        ("paid".to_owned(), Some(micros(newest)), 2)
+    );
+    // No version: no guard, applied as it would be without one.
+    assert_eq!(
+        applies_shop(&*sink, "evt_none", "7", &shop_body("pending", None, 0.0)).await,
+        Applied::New
+    );
+    assert_eq!(
+        versioned_row(&c, 7).await,
+        ("pending".to_owned(), None, 3)
+    );
+    // A version that is not one: dead-lettered, saying which and why.
+    let err = sink
+        .apply(&event("shop", "evt_bad", "7", &[], &shop_body("paid", Some("yesterday"), 0.0)))
+        .await
+        .expect_err("not a version");
+    assert!(err.is_permanent(), "{err}");
+    assert_eq!(err.kind, "invalid_version");
+    assert!(err.message.contains("json:/updated_at"), "{err}");
+    assert!(err.message.contains("yesterday"), "{err}");
+    let kept: i64 = c
+        .query_one(
+            "SELECT count(*) FROM breakwater_inbox WHERE event_id = 'evt_bad'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(kept, 0);
+    let stored: (i64, String) = c
+        .query_one(
+            "SELECT version, event_id FROM breakwater_versions \
+             WHERE source = 'shop' AND entity_key = '7'",
+            &[],
+        )
+        .await
+        .map(|r| (r.get(0), r.get(1)))
+        .expect("the key's version row");
+    assert_eq!(stored, (micros(newest), "evt_3b".to_owned()));
+}
+
+/// Two sessions applying one key at once: the second waits for the
+/// first's transaction (the version row's lock) and compares with what it
+/// committed, so an older event never overwrites a newer one that is
+/// still being applied, and a newer one applies after an older one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_guard_orders_two_sessions_of_one_key() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(VERSIONED).await.expect("schema");
+    let mut settings = versioned_settings(&db);
+    settings.lock_timeout = Duration::from_millis(3000);
+    settings.statement_timeout = Duration::from_millis(6000);
+    let sink = connect(&settings, &versioned_statements())
+        .await
+        .expect("connect");
+    let (older, newer) = ("2024-01-01T10:00:00Z", "2024-01-01T10:00:05Z");
+    for (key, first, second) in [("7", newer, older), ("8", older, newer)] {
+        let slow = {
+            let sink = Arc::clone(&sink);
+            let body = shop_body(&format!("first {first}"), Some(first), 0.8);
+            let id = format!("evt_{key}_first");
+            tokio::spawn(async move { applies_shop(&*sink, &id, key, &body).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        let then = applies_shop(
+            &*sink,
+            &format!("evt_{key}_second"),
+            key,
+            &shop_body(&format!("second {second}"), Some(second), 0.0),
+        )
+        .await;
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "key {key}: the second waited for the first's transaction"
+        );
+        assert_eq!(slow.await.expect("first"), Applied::New, "key {key}");
+        let (status, _, hits) = versioned_row(&c, key.parse().expect("id")).await;
+        assert_eq!(status, format!("{} {newer}", if first == newer { "first" } else { "second" }));
+        if first == newer {
+            assert_eq!(
+                then,
+                Applied::Superseded {
+                    by: format!("evt_{key}_first")
+                }
+            );
+            assert_eq!(hits, 1);
+        } else {
+            assert_eq!(then, Applied::New);
+            assert_eq!(hits, 2);
+        }
+    }
+}
+
+/// An inbox made before the guard gains `superseded_by` at start, and a
+/// start against it once it has the column changes nothing.
+#[tokio::test]
+async fn version_guard_adds_superseded_by_to_an_older_inbox() {
+    let db = TestDb::new().await;
+    let c = db.client().await;
+    c.batch_execute(VERSIONED).await.expect("schema");
+    c.batch_execute(
+        "CREATE TABLE breakwater_inbox (event_id text NOT NULL, source text NOT NULL,
+         entity_key text, payload jsonb, received_at timestamptz NOT NULL,
+         applied_at timestamptz, PRIMARY KEY (source, event_id));
+         INSERT INTO breakwater_inbox VALUES ('evt_old', 'shop', '7', '{}', now(), now());",
+    )
+    .await
+    .expect("an older inbox");
+    for _ in 0..2 {
+        let sink = connect(&versioned_settings(&db), &versioned_statements())
+            .await
+            .expect("connect");
+        assert_eq!(superseded_by(&c, "evt_old").await, None);
+        drop(sink);
+    }
+    let sink = connect(&versioned_settings(&db), &versioned_statements())
+        .await
+        .expect("connect");
+    let newer = shop_body("paid", Some("2024-01-01T10:00:05Z"), 0.0);
+    let older = shop_body("pending", Some("2024-01-01T10:00:00Z"), 0.0);
+    assert_eq!(applies_shop(&*sink, "evt_b", "7", &newer).await, Applied::New);
+    assert_eq!(
+        applies_shop(&*sink, "evt_a", "7", &older).await,
+        Applied::Superseded {
+            by: "evt_b".to_owned()
+        }
+    );
+}
+
+/// `$version` needs its source to have a version: a statement using it on
+/// one without fails setup, naming the source and the statement.
+#[tokio::test]
+async fn version_parameter_without_a_source_version_fails_setup() {
+    let db = TestDb::new().await;
+    db.client().await.batch_execute(VERSIONED).await.expect("schema");
+    let err = match connect(&db.settings(), &versioned_statements()).await {
+        Err(e) => e,
+        Ok(_) => panic!("connected without a version for $version"),
+    };
+    match err {
+        SinkSetupError::Statement {
+            source_name,
+            index,
+            message,
+        } => {
+            assert_eq!((source_name.as_str(), index), ("shop", 0));
+            assert!(message.contains("$version"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

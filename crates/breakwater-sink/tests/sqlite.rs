@@ -738,3 +738,190 @@ async fn an_apply_whose_turn_in_a_group_comes_past_the_acquire_timeout_never_run
         );
     }
 }
+
+/// The stale-event guard's source: `hook`, versioned by the Standard
+/// Webhooks `webhook-timestamp` header (digits), its statement recording
+/// the version it applied.
+fn versioned(path: &Path) -> (SinkSettings, BTreeMap<String, Vec<StatementSpec>>) {
+    let mut s = settings(path);
+    s.versions
+        .insert("hook".to_owned(), "header:webhook-timestamp".to_owned());
+    let mut params = BTreeMap::new();
+    params.insert("status".to_owned(), "json:/status".to_owned());
+    let mut all = BTreeMap::new();
+    all.insert(
+        "hook".to_owned(),
+        vec![StatementSpec {
+            sql: "UPDATE orders SET status = $status, amount = $version, hits = hits + 1 \
+                  WHERE id = $entity"
+                .to_owned(),
+            params,
+        }],
+    );
+    (s, all)
+}
+
+fn hook_event<'a>(
+    id: &'a str,
+    key: Option<&'a str>,
+    headers: &'a [(String, String)],
+    body: &'a [u8],
+) -> Event<'a> {
+    Event {
+        source: "hook",
+        event_id: id,
+        entity_key: key,
+        headers,
+        body,
+        received_at_ms: 1_700_000_000_123,
+        attempt: 1,
+    }
+}
+
+fn stamped(at: &str) -> Vec<(String, String)> {
+    vec![("webhook-timestamp".to_owned(), at.to_owned())]
+}
+
+fn order_state(c: &Connection) -> (String, Option<f64>, i64) {
+    c.query_row(
+        "SELECT status, amount, hits FROM orders WHERE id = 1042",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+    .expect("order")
+}
+
+fn superseded_by(c: &Connection, id: &str) -> Option<String> {
+    c.query_row(
+        "SELECT superseded_by FROM breakwater_inbox WHERE source = 'hook' AND event_id = ?1",
+        [id],
+        |r| r.get(0),
+    )
+    .unwrap_or_else(|e| panic!("{id} has an inbox row: {e}"))
+}
+
+/// SQLite keeps the newest version per key like PostgreSQL: newest first,
+/// the older ones are superseded (statements not run, inbox row kept with
+/// `superseded_by`); an equal version and a missing one apply; a version
+/// that is not one is a permanent failure naming it.
+#[tokio::test]
+async fn version_guard_supersedes_older_events_of_a_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    let (settings, statements) = versioned(&path);
+    let sink = connect(&settings, &statements).await.expect("connect");
+    let apply = |id: &'static str, at: Option<&'static str>, status: &'static str| {
+        let sink = std::sync::Arc::clone(&sink);
+        async move {
+            let headers = at.map(stamped).unwrap_or_default();
+            let body = format!(r#"{{"status":"{status}"}}"#);
+            sink.apply(&hook_event(id, Some("1042"), &headers, body.as_bytes()))
+                .await
+        }
+    };
+    // Newest first, concurrently too: one group, in the order they came.
+    let (third, second, first) = tokio::join!(
+        apply("evt_3", Some("1700000300"), "paid"),
+        apply("evt_2", Some("1700000200"), "pending"),
+        apply("evt_1", Some("1700000100"), "pending"),
+    );
+    assert_eq!(third.expect("evt_3"), Applied::New);
+    for (id, applied) in [("evt_2", second), ("evt_1", first)] {
+        assert_eq!(
+            applied.expect(id),
+            Applied::Superseded {
+                by: "evt_3".to_owned()
+            },
+            "{id}"
+        );
+        assert_eq!(superseded_by(&c, id).as_deref(), Some("evt_3"));
+    }
+    assert_eq!(
+        order_state(&c),
+        ("paid".to_owned(), Some(1_700_000_300.0), 1)
+    );
+    assert_eq!(superseded_by(&c, "evt_3"), None);
+    match sink.inbox_lookup("hook", "evt_1").await.expect("lookup") {
+        breakwater_sink::InboxLookup::Found(r) => {
+            assert_eq!(r.superseded_by.as_deref(), Some("evt_3"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        apply("evt_2", Some("1700000200"), "pending")
+            .await
+            .expect("again"),
+        Applied::Duplicate
+    );
+    // Equal: applies. Missing: no guard.
+    assert_eq!(
+        apply("evt_3b", Some("1700000300"), "pending")
+            .await
+            .expect("equal"),
+        Applied::New
+    );
+    assert_eq!(
+        order_state(&c),
+        ("pending".to_owned(), Some(1_700_000_300.0), 2)
+    );
+    assert_eq!(
+        apply("evt_none", None, "paid").await.expect("no version"),
+        Applied::New
+    );
+    assert_eq!(order_state(&c), ("paid".to_owned(), None, 3));
+    let err = apply("evt_bad", Some("soon"), "paid")
+        .await
+        .expect_err("not a version");
+    assert_eq!(
+        (err.class, err.kind),
+        (FailureClass::Permanent, "invalid_version")
+    );
+    assert!(err.message.contains("header:webhook-timestamp"), "{err}");
+    assert!(err.message.contains("soon"), "{err}");
+    let stored: (i64, String) = c
+        .query_row(
+            "SELECT version, event_id FROM breakwater_versions \
+             WHERE source = 'hook' AND entity_key = '1042'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the key's version row");
+    assert_eq!(stored, (1_700_000_300, "evt_3b".to_owned()));
+}
+
+/// An inbox made before the guard gains `superseded_by` at open.
+#[tokio::test]
+async fn version_guard_adds_superseded_by_to_an_older_inbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bw.db");
+    let c = schema(&path);
+    c.execute_batch(
+        "CREATE TABLE breakwater_inbox (event_id TEXT NOT NULL, source TEXT NOT NULL,
+         entity_key TEXT, payload TEXT, received_at TEXT NOT NULL, applied_at TEXT,
+         PRIMARY KEY (source, event_id));",
+    )
+    .expect("an older inbox");
+    let (settings, statements) = versioned(&path);
+    for _ in 0..2 {
+        drop(connect(&settings, &statements).await.expect("connect"));
+    }
+    let sink = connect(&settings, &statements).await.expect("connect");
+    let (newer, older) = (stamped("20"), stamped("10"));
+    let body = br#"{"status":"paid"}"#;
+    assert_eq!(
+        sink.apply(&hook_event("evt_b", Some("1042"), &newer, body))
+            .await
+            .expect("newer"),
+        Applied::New
+    );
+    assert_eq!(
+        sink.apply(&hook_event("evt_a", Some("1042"), &older, body))
+            .await
+            .expect("older"),
+        Applied::Superseded {
+            by: "evt_b".to_owned()
+        }
+    );
+    assert_eq!(superseded_by(&c, "evt_a").as_deref(), Some("evt_b"));
+}

@@ -94,6 +94,9 @@ impl Default for Assumptions {
 pub struct Live {
     /// The sources' secrets resolved (env, files): the error when not.
     pub sources: Result<usize, String>,
+    /// Sources whose `secrets_file` its group or others may read, one
+    /// sentence each ([`crate::serve::exposed_secrets_files`]).
+    pub exposed_secrets_files: Vec<String>,
     /// The sink's database: `Ok(None)` for SQLite, the error when it could
     /// not be read.
     pub database: Result<Option<DatabaseAudit>, String>,
@@ -128,6 +131,7 @@ pub async fn gather(config: &Config) -> Live {
     };
     Live {
         sources,
+        exposed_secrets_files: crate::serve::exposed_secrets_files(config),
         database,
         redelivery_limit,
         fleet,
@@ -137,6 +141,7 @@ pub async fn gather(config: &Config) -> Live {
 /// The checklist, item by item.
 pub fn audit(config: &Config, live: &Live, assumed: &Assumptions) -> Vec<Finding> {
     let mut out = vec![sources(config, live)];
+    out.extend(secrets_files(live));
     out.extend(role(config, live));
     out.push(pool(config));
     out.push(retries(config));
@@ -176,6 +181,18 @@ fn sources(config: &Config, live: &Live) -> Finding {
             "set the secrets_env variable or secrets_file each source names",
         ),
     }
+}
+
+/// A `secrets_file` its group or others may read: said only when one is.
+fn secrets_files(live: &Live) -> Option<Finding> {
+    (!live.exposed_secrets_files.is_empty()).then(|| {
+        flag(
+            "sources.secrets_files",
+            Verdict::Warn,
+            live.exposed_secrets_files.join("; "),
+            "chmod 600 each secrets_file, owned by the user Breakwater runs as",
+        )
+    })
 }
 
 fn role(config: &Config, live: &Live) -> Vec<Finding> {
@@ -662,10 +679,32 @@ mod tests {
     fn live(database: DatabaseAudit) -> Live {
         Live {
             sources: Ok(1),
+            exposed_secrets_files: Vec::new(),
             database: Ok(Some(database)),
             redelivery_limit: Ok(None),
             fleet: None,
         }
+    }
+
+    #[test]
+    fn a_secrets_file_others_may_read_is_a_warning() {
+        let config = Config::default();
+        let mut l = live(db(1000, 5000, 60_000));
+        let checks = |l: &Live| -> Vec<&'static str> {
+            audit(&config, l, &Assumptions::default())
+                .iter()
+                .map(|f| f.check)
+                .collect()
+        };
+        assert!(!checks(&l).contains(&"sources.secrets_files"));
+        l.exposed_secrets_files = vec!["source \"a\": ... mode 644".into()];
+        assert_eq!(
+            verdict(
+                &audit(&config, &l, &Assumptions::default()),
+                "sources.secrets_files"
+            ),
+            Verdict::Warn
+        );
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! the sink answers, the ingress and admin API serving meanwhile;
 //! [`Running::shutdown`] stops accepting, lets in-flight requests finish and
 //! waits for the tasks.
+//!
+//! A source's `secrets_file` that its group or others may read is warned
+//! about at start and by [`check`] ([`exposed_secrets_files`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -152,16 +155,52 @@ impl Running {
 /// and statements are ones it can run (an undeclared `$parameter` is
 /// named). The config's own validation ran when it was loaded.
 pub fn check(config: &Config) -> Result<(), ServeError> {
+    compiles(config)?;
+    warn_exposed_secrets_files(config);
+    Ok(())
+}
+
+fn compiles(config: &Config) -> Result<(), ServeError> {
     source::compile_all(&config.sources)?;
     breakwater_sink::check(&sink_settings(config), &statements(config))?;
     Ok(())
+}
+
+/// One sentence for each source whose `secrets_file` is readable (or
+/// writable) by its group or by others: its mode has bits in `0o077`. A
+/// file that cannot be read is not named here (the source fails to
+/// compile, saying why).
+pub fn exposed_secrets_files(config: &Config) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    config
+        .sources
+        .iter()
+        .filter_map(|s| {
+            let path = s.secrets_file.as_ref()?;
+            let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+            (mode & 0o077 != 0).then(|| {
+                format!(
+                    "source \"{}\": its secrets_file {} has mode {mode:o}, open to its group or \
+                     others: chmod 600 it",
+                    s.name,
+                    path.display()
+                )
+            })
+        })
+        .collect()
+}
+
+fn warn_exposed_secrets_files(config: &Config) {
+    for warning in exposed_secrets_files(config) {
+        tracing::warn!("{warning}");
+    }
 }
 
 /// [`check`], then what needs the services: the sink connects and prepares
 /// every statement against the database, and the queue opens (creating
 /// nothing).
 pub async fn check_connected(config: &Config) -> Result<(), ServeError> {
-    check(config)?;
+    compiles(config)?;
     let database = breakwater_sink::connect(&sink_settings(config), &statements(config)).await?;
     with_forwards(database, config)?;
     open_existing_queue(config).await.map(|_| ())
@@ -179,7 +218,9 @@ pub async fn open_existing_queue(config: &Config) -> Result<Option<Arc<dyn Queue
 
 /// Opens the configured queue backend.
 pub async fn open_queue(config: &Config, mode: OpenMode) -> Result<Arc<dyn Queue>, ServeError> {
-    Ok(crate::queue::open(&config.queue, mode).await?)
+    let mut section = config.queue.clone();
+    section.key_order = config.key_order();
+    Ok(crate::queue::open(&section, mode).await?)
 }
 
 async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -213,15 +254,19 @@ pub fn ingress_limits(config: &Config) -> crate::http::ServerLimits {
     let i = &config.ingress;
     crate::http::ServerLimits {
         max_connections: i.max_connections,
+        when_full: crate::http::WhenFull::Refuse,
         header_timeout: Duration::from_millis(i.header_timeout_ms),
         request_timeout: Duration::from_millis(i.request_timeout_ms),
         max_in_flight: i.max_in_flight,
     }
 }
 
-/// The admin listener's limits: an operator's few clients.
+/// The admin listener's limits: an operator's few clients. When full it
+/// closes its idlest connection for a new one, so idle sockets cannot lock
+/// the operator out.
 const ADMIN_LIMITS: crate::http::ServerLimits = crate::http::ServerLimits {
     max_connections: 256,
+    when_full: crate::http::WhenFull::CloseIdlest,
     header_timeout: Duration::from_secs(10),
     request_timeout: Duration::from_secs(30),
     max_in_flight: 64,
@@ -301,6 +346,11 @@ pub fn sink_settings(config: &Config) -> SinkSettings {
             LockWaitersScopeName::Breakwater => LockWaitersScope::Breakwater,
             LockWaitersScopeName::Database => LockWaitersScope::Database,
         },
+        versions: config
+            .sources
+            .iter()
+            .filter_map(|source| Some((source.name.clone(), source.version_spec()?.to_owned())))
+            .collect(),
     }
 }
 
@@ -344,10 +394,10 @@ pub fn worker_settings(config: &Config) -> WorkerSettings {
             max_held: (config.concurrency_ceiling() as usize * 4).max(32),
             ..LaneSettings::default()
         },
-        journal: Arc::new(EventJournal::new(
-            config.admin.event_history,
-            config.node_name(),
-        )),
+        journal: Arc::new(
+            EventJournal::new(config.admin.event_history, config.node_name())
+                .with_max_bytes(config.admin.event_history_bytes),
+        ),
     }
 }
 
@@ -447,6 +497,7 @@ pub async fn start_with(
     hooks: Hooks,
 ) -> Result<Running, ServeError> {
     let sources = source::compile_all(&config.sources)?;
+    warn_exposed_secrets_files(config);
     let queue = open_queue(config, OpenMode::Serve).await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -463,6 +514,7 @@ pub async fn start_with(
     let queue_warnings: Vec<String> = if runs_workers {
         crate::queue::redelivery_warning(queue.redelivery_limit(), config.workers.max_attempts)
             .into_iter()
+            .chain(config.key_order_warning())
             .collect()
     } else {
         Vec::new()
@@ -573,6 +625,7 @@ pub async fn start_with(
         metrics,
         queue: Arc::clone(&queue),
         token: config.admin.token.clone(),
+        listen: admin_addr,
         controller: controller.clone(),
         fleet: fleet.clone(),
         parked: parked.clone(),

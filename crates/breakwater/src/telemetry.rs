@@ -11,6 +11,9 @@ pub const INGRESS_REQUESTS: &str = "breakwater_ingress_requests_total";
 /// Connections closed at accept because the listener had its most, by
 /// `listener` (ingress, admin).
 pub const HTTP_CONNECTIONS_REFUSED: &str = "breakwater_http_connections_refused_total";
+/// Idle connections closed to make room for a new one on a full listener
+/// that does so (the admin listener), by `listener`.
+pub const HTTP_CONNECTIONS_EVICTED: &str = "breakwater_http_connections_evicted_total";
 /// Time from request to answer for accepted webhooks, by `source`, in
 /// seconds (histogram).
 pub const INGRESS_SECONDS: &str = "breakwater_ingress_latency_seconds";
@@ -33,8 +36,11 @@ pub const QUEUE_INFLIGHT: &str = "breakwater_queue_inflight";
 /// Age of the oldest visible message, in seconds (0 when none is visible).
 pub const QUEUE_OLDEST_AGE_SECONDS: &str = "breakwater_queue_oldest_age_seconds";
 /// Worker outcomes, by `outcome`
-/// (applied, duplicate, retried, dead_lettered, released).
+/// (applied, duplicate, superseded, retried, dead_lettered, released).
 pub const WORKER_MESSAGES: &str = "breakwater_worker_messages_total";
+/// Events settled as superseded (older than the newest version their
+/// entity key already holds: their statements did not run), by `source`.
+pub const EVENTS_SUPERSEDED: &str = "breakwater_events_superseded_total";
 /// Sink apply latency, in seconds (histogram).
 pub const SINK_APPLY_SECONDS: &str = "breakwater_apply_latency_seconds";
 /// Applies, by `source` and `outcome` (success, dependency, permanent,

@@ -290,6 +290,38 @@ fn config_check_hides_every_password_the_driver_would_read() {
     assert!(shown.contains("<redacted>"), "{shown}");
 }
 
+/// Keys the driver percent-decodes before it reads them (`pass%77ord` is
+/// `password`) hide their values like the plain keys, in text and JSON;
+/// the other parameters stay readable.
+#[test]
+fn config_check_hides_passwords_under_percent_encoded_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("c.toml");
+    std::fs::write(
+        &path,
+        "[sink]\nurl = \"postgres://u@127.0.0.1/db?sslmode=prefer&pass%77ord=k3y-a\
+         &%73slpassword=k3y-b&%70%61%73%73%77%6f%72%64=k3y-c&oauth_client_secret=k3y-d\"\n",
+    )
+    .expect("write");
+    let config = path.to_str().expect("utf8");
+    for json in [false, true] {
+        let mut args = vec!["config", "check", "--config", config];
+        if json {
+            args.push("--json");
+        }
+        let out = breakwater(&args);
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!shown.contains("k3y"), "{shown}");
+        assert!(shown.contains("pass%77ord=<redacted>"), "{shown}");
+        assert!(shown.contains("sslmode=prefer"), "{shown}");
+    }
+}
+
 /// `--log-format json` (or `BREAKWATER_LOG_FORMAT=json`): every log line
 /// is one JSON object, with the level, the target and the message.
 #[test]

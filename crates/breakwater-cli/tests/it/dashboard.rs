@@ -194,7 +194,7 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
 
     // Tripped from outside (the API): the page follows.
     let tripped = http
-        .post(&server.admin_url("/breaker/trip"), &[], Vec::new())
+        .admin_post(&server.admin_url("/breaker/trip"))
         .await;
     assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
     wait_text(&page, "state", "open").await;

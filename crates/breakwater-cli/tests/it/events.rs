@@ -284,3 +284,66 @@ fn a_named_admin_api_that_does_not_answer_is_an_error_not_a_fallback() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--admin no-such-host.invalid:9090"), "{err}");
 }
+
+/// A sink password under a percent-encoded key (`pass%77ord`, which the
+/// driver decodes to `password` and sends) is hidden like a plain one: in
+/// `config check` (text and JSON), the "sink ready" line and the
+/// destination `GET /events/...` tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_password_under_an_encoded_key_is_never_shown() {
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(ORDERS).await.expect("schema");
+    // The server's own password when the test server has one (the driver
+    // sends this one), else any: trust authentication asks for none.
+    let server_config: tokio_postgres::Config = crate::pg::server_url().parse().expect("url");
+    let password = server_config.get_password().map_or_else(
+        || "pg-5ecret-under-encoded-key".to_owned(),
+        |p| String::from_utf8_lossy(p).into_owned(),
+    );
+    let url = format!("{}?application_name=bw_it&pass%77ord={password}", db.url());
+    let sandbox = Sandbox::new(&sink_config(&db, "").replace(&db.url(), &url));
+    let server = sandbox.start();
+    let http = Http::default();
+
+    let ready = server
+        .startup
+        .iter()
+        .find(|l| l.contains("sink ready"))
+        .unwrap_or_else(|| panic!("no \"sink ready\" line: {:?}", server.startup));
+    assert!(!ready.contains(&password), "{ready}");
+    assert!(ready.contains("pass%77ord=<redacted>"), "{ready}");
+    assert!(ready.contains("application_name=bw_it"), "{ready}");
+
+    send(&http, &server, "evt_encoded_key", 1, "paid").await;
+    let story = story_when(&http, &server, "evt_encoded_key", |s| {
+        s["state"] == "applied"
+    })
+    .await;
+    let destination = story["destination"].as_str().expect("destination");
+    assert!(!story.to_string().contains(&password), "{story:#}");
+    assert!(
+        destination.contains("pass%77ord=<redacted>"),
+        "{destination}"
+    );
+
+    let config = sandbox.config_path();
+    let config = config.to_str().expect("utf8");
+    for json in [false, true] {
+        let mut args = vec!["config", "check", "--config", config];
+        if json {
+            args.push("--json");
+        }
+        let out = breakwater(&args);
+        let shown = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!shown.contains(&password), "{shown}");
+        assert!(shown.contains("pass%77ord=<redacted>"), "{shown}");
+    }
+
+    drop(server);
+    db.drop_db().await;
+}

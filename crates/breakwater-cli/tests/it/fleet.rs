@@ -242,7 +242,7 @@ impl Fleet {
 
     /// `POST path` on `node`'s admin API, which must answer 200.
     async fn admin_post(&self, node: &Server, path: &str) {
-        let a = self.http.post(&node.admin_url(path), &[], Vec::new()).await;
+        let a = self.http.admin_post(&node.admin_url(path)).await;
         assert_eq!(a.status, StatusCode::OK, "{path}: {:?}", a.body);
     }
 

@@ -562,7 +562,7 @@ async fn the_dlq_is_replayed_and_purged_through_the_admin_api() {
 
     // Replay while the breaker is open: it waits.
     let trip = http
-        .post(&server.admin_url("/breaker/trip"), &[], Vec::new())
+        .admin_post(&server.admin_url("/breaker/trip"))
         .await;
     assert_eq!(trip.status, StatusCode::OK, "{:?}", trip.body);
     let started = post(
@@ -587,7 +587,7 @@ async fn the_dlq_is_replayed_and_purged_through_the_admin_api() {
 
     // Reset: the replay goes on, the webhook is delivered.
     let reset = http
-        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .admin_post(&server.admin_url("/breaker/reset"))
         .await;
     assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -653,4 +653,293 @@ async fn the_dlq_is_replayed_and_purged_through_the_admin_api() {
         3,
         "the purged one was never sent again"
     );
+}
+
+/// A password in the forward URL's user info.
+const URL_PASSWORD: &str = "pw-5ecret-in-url";
+/// A token in the forward URL's query.
+const URL_TOKEN: &str = "tok-5ecret-in-query";
+
+/// The text `breakwater config check` prints for `config`, with `json`
+/// or not, stdout and stderr together.
+fn config_check(config: &std::path::Path, json: bool) -> String {
+    let mut args = vec!["config", "check"];
+    if json {
+        args.push("--json");
+    }
+    let out = std::process::Command::new(binary())
+        .args(&args)
+        .arg("--config")
+        .arg(config)
+        .env_remove("BREAKWATER_CONFIG")
+        .env(SECRET_ENV, FORWARD_SECRET)
+        .output()
+        .expect("config check");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits until the DLQ holds `n` entries, and returns them.
+async fn dead_letters(http: &Http, server: &Server, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = http.get(&server.admin_url("/dlq")).await.json();
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        if items.len() == n {
+            return items;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} dead letters expected: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `text` carries neither secret of the forward URL.
+fn assert_no_url_secret(what: &str, text: &str) {
+    assert!(
+        !text.contains(URL_PASSWORD) && !text.contains(URL_TOKEN),
+        "{what} shows a secret of the forward URL: {text}"
+    );
+}
+
+/// A forward URL's user-info password and query values are shown nowhere:
+/// not in the DLQ entries (a 400 dead-lettered at once, 503s until the
+/// retries ran out), the attempts and destination of `GET /events/...`,
+/// what the dashboard reads (`/breaker`, `/queue`, `/metrics`), the
+/// "retries exhausted" WARN line, nor `config check` (text and JSON). The
+/// user name, the host, the path and the query's names still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_url_s_password_and_query_values_are_never_shown() {
+    let receiver = Receiver::start(Arc::new(|n, _| {
+        let status = if n == 0 {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        Reply::Status(status, Vec::new())
+    }))
+    .await;
+    let url = format!(
+        "http://bw-user:{URL_PASSWORD}@{}/hooks/stripe?token={URL_TOKEN}&v=2",
+        receiver.addr
+    );
+    let sandbox = Sandbox::new(&format!(
+        "forward = {{ url = \"{url}\", secret_env = \"{SECRET_ENV}\" }}\n"
+    ));
+    let mut server = Server::start_with_env(
+        &sandbox.config_path(),
+        "all",
+        &[
+            (SECRET_ENV, FORWARD_SECRET),
+            ("BREAKWATER_WORKERS_MAX_ATTEMPTS", "2"),
+            ("BREAKWATER_WORKERS_BACKOFF_BASE_MS", "50"),
+            ("BREAKWATER_WORKERS_BACKOFF_CAP_MS", "100"),
+            // A target failing every request looks down, and a message's
+            // retries run out only while the dependency looks fine: a
+            // breaker that only watches lets them run out.
+            ("BREAKWATER_BREAKER_DRY_RUN", "true"),
+        ],
+    );
+    let http = Http::default();
+    send(&http, &server, "evt_cred_refused").await;
+    dead_letters(&http, &server, 1).await;
+    send(&http, &server, "evt_cred_exhausted").await;
+    let dlq = dead_letters(&http, &server, 2).await;
+    let got = receiver.received();
+    assert_eq!(got.len(), 3, "one 400, then two 503s");
+    assert!(
+        got[0].path.ends_with(&format!("?token={URL_TOKEN}&v=2")),
+        "the query still reaches the target: {}",
+        got[0].path
+    );
+
+    let shown_url = format!(
+        "http://bw-user:<redacted>@{}/hooks/stripe?token=<redacted>&v=<redacted>",
+        receiver.addr
+    );
+    for item in &dlq {
+        let error = item["error"].as_str().unwrap_or_default();
+        assert_no_url_secret("a DLQ entry", error);
+        assert!(error.contains(&shown_url), "{item}");
+    }
+    let story = http
+        .get(&server.admin_url("/events/stripe/evt_cred_exhausted"))
+        .await;
+    assert_eq!(story.status, StatusCode::OK, "{:?}", story.body);
+    let story = story.json();
+    assert_eq!(story["attempts"].as_array().map(Vec::len), Some(2), "{story}");
+    assert_no_url_secret("GET /events", &story.to_string());
+    assert_eq!(
+        story["destination"],
+        format!("forwarded to {shown_url}"),
+        "{story}"
+    );
+    for path in ["/breaker", "/queue", "/metrics", "/dlq", "/"] {
+        let answer = http.get(&server.admin_url(path)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{path}");
+        assert_no_url_secret(path, &String::from_utf8_lossy(&answer.body));
+    }
+
+    // The log, up to the WARN line of the retries run out.
+    let mut lines = server.startup.clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lines.iter().any(|l| l.contains("retries exhausted")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match server.log.recv_timeout(left) {
+            Ok(line) => lines.push(line),
+            Err(_) => panic!("no \"retries exhausted\" line in:\n{}", lines.join("\n")),
+        }
+    }
+    server.kill9();
+    while let Ok(line) = server.log.try_recv() {
+        lines.push(line);
+    }
+    let exhausted = lines
+        .iter()
+        .find(|l| l.contains("retries exhausted"))
+        .expect("the WARN line");
+    assert!(exhausted.contains("http_5xx"), "{exhausted}");
+    for line in &lines {
+        assert_no_url_secret("the log", line);
+    }
+
+    for json in [false, true] {
+        let shown = config_check(&sandbox.config_path(), json);
+        assert_no_url_secret("config check", &shown);
+        assert!(shown.contains(&shown_url), "{shown}");
+    }
+}
+
+/// A URL the sink cannot take is refused by `config check` without
+/// printing its secrets either.
+#[test]
+fn a_refused_forward_url_is_named_without_its_secrets() {
+    let sandbox = Sandbox::new(&format!(
+        "forward = {{ url = \"http://bw-user:{URL_PASSWORD}@127.0.0.1:1/hooks?token={URL_TOKEN}\", \
+         ca_file = \"/nonexistent/ca.pem\" }}\n"
+    ));
+    let out = std::process::Command::new(binary())
+        .args(["config", "check", "--config"])
+        .arg(sandbox.config_path())
+        .env_remove("BREAKWATER_CONFIG")
+        .output()
+        .expect("config check");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("ca_file"), "{said}");
+    assert_no_url_secret("a refused config", &said);
+}
+
+/// The most bytes a DLQ entry's error holds for a forwarded webhook: the
+/// sink's message (at most 512 bytes) after its kind.
+const ERROR_TEXT_MOST: usize = 512 + "http_redirect: ".len();
+
+/// Redirects whose `Location` is 60 KB long: the DLQ entry's error is
+/// capped at 512 bytes of message whichever way the redirect is refused
+/// (a 302 with redirects followed or not, one 307 too many).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_s_error_text_is_capped_however_long_its_location() {
+    let long = format!("/{}", "l".repeat(60 * 1024));
+    let script_long = long.clone();
+    let receiver = Receiver::start(Arc::new(move |n, _| {
+        let to = |status, path: &str| Reply::Status(status, vec![("location", path.to_owned())]);
+        match n {
+            // stripe (follow_redirects = 1): a 302, refused.
+            0 => to(StatusCode::FOUND, &script_long),
+            // stripe: a 307 followed, then one too many.
+            1 => to(StatusCode::TEMPORARY_REDIRECT, "/moved"),
+            2 => to(StatusCode::TEMPORARY_REDIRECT, &script_long),
+            // second (no redirects followed): a 302.
+            _ => to(StatusCode::FOUND, &script_long),
+        }
+    }))
+    .await;
+    let sandbox = Sandbox::new(&format!(
+        "forward = {{ url = \"{}\", follow_redirects = 1 }}\n\n[[source]]\nname = \"second\"\n\
+         scheme = \"stripe\"\nsecrets = [\"{STRIPE_SECRET}\"]\nforward = {{ url = \"{}\" }}\n",
+        receiver.url("/hooks/stripe"),
+        receiver.url("/hooks/second"),
+    ));
+    let server = start(&sandbox);
+    let http = Http::default();
+    send(&http, &server, "evt_long_302").await;
+    dead_letters(&http, &server, 1).await;
+    send(&http, &server, "evt_long_307").await;
+    dead_letters(&http, &server, 2).await;
+    let body = stripe_event("evt_long_second", "7");
+    let headers = stripe_headers(&body, unix_now());
+    let a = http
+        .post(&server.url("/webhooks/second"), &headers, body)
+        .await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{:?}", a.body);
+    let dlq = dead_letters(&http, &server, 3).await;
+    assert_eq!(receiver.received().len(), 4, "nothing retried");
+    for item in &dlq {
+        let error = item["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with("http_redirect: HTTP 30"),
+            "{}",
+            &error[..error.len().min(200)]
+        );
+        assert!(
+            error.len() <= ERROR_TEXT_MOST,
+            "{} bytes of error for {}: {}...",
+            error.len(),
+            item["event_id"],
+            &error[..error.len().min(200)]
+        );
+    }
+}
+
+/// Event ids that differ reach the receiver under different keys, even
+/// when one is spelled like the other's encoding (`c%0A` and `c` followed
+/// by a newline): every byte outside visible ASCII, and `%` itself, is
+/// percent-encoded, so a receiver decoding the key gets the id back; an id
+/// of visible ASCII without `%` arrives as it is. `webhook-id` is the same
+/// value, and the signature covers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_event_ids_reach_the_receiver_as_distinct_keys() {
+    let receiver = Receiver::start(always(StatusCode::OK)).await;
+    let sandbox = forwarding(&receiver, "");
+    let server = start(&sandbox);
+    let http = Http::default();
+    let expected = [
+        ("c%0A", "c%250A"),
+        ("c\n", "c%0A"),
+        ("evt_plain-1.x", "evt_plain-1.x"),
+        ("ü", "%C3%BC"),
+        ("a b", "a%20b"),
+        ("%", "%25"),
+    ];
+    // One at a time, so the receiver's requests come in this order.
+    for (n, (id, _)) in expected.iter().enumerate() {
+        send(&http, &server, id).await;
+        receiver.wait_for(n + 1, Duration::from_secs(10)).await;
+    }
+    let got = receiver.received();
+    let verifier = Verifier::new(Scheme::standard(), &[FORWARD_SECRET.to_owned()]).expect("key");
+    let mut keys = std::collections::BTreeSet::new();
+    for (r, (id, key)) in got.iter().zip(expected) {
+        assert_eq!(header(r, "idempotency-key"), key, "for id {id:?}");
+        assert_eq!(header(r, "webhook-id"), key, "for id {id:?}");
+        verifier
+            .verify(&r.headers, &r.body, unix_now())
+            .expect("the signature covers the encoded id");
+        keys.insert(key);
+    }
+    assert_eq!(keys.len(), expected.len(), "{keys:?}");
 }

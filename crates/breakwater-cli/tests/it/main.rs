@@ -4,18 +4,22 @@
 
 #![allow(unreachable_pub)]
 
+mod admin;
 mod cli;
 mod crash;
 mod dashboard;
 mod doctor;
 mod events;
 mod fault_matrix;
+mod files;
 mod fleet;
 mod forward;
 mod ingress;
 mod kafka;
 mod lab;
+mod logs;
 mod nats;
+mod key_order;
 mod orders;
 mod own_brokers;
 mod own_pg;

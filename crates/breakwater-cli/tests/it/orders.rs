@@ -292,11 +292,7 @@ impl Drop for BrokerQueue {
 /// Opens the breaker by hand (`POST /breaker/trip`).
 pub async fn trip(http: &Http, server: &Server) {
     let tripped = http
-        .post(
-            &server.admin_url("/breaker/trip?note=test"),
-            &[],
-            Vec::new(),
-        )
+        .admin_post(&server.admin_url("/breaker/trip?note=test"))
         .await;
     assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
 }
@@ -304,7 +300,7 @@ pub async fn trip(http: &Http, server: &Server) {
 /// Hands the breaker back to automatic control (`POST /breaker/reset`).
 pub async fn reset(http: &Http, server: &Server) {
     let reset = http
-        .post(&server.admin_url("/breaker/reset"), &[], Vec::new())
+        .admin_post(&server.admin_url("/breaker/reset"))
         .await;
     assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
 }

@@ -506,19 +506,11 @@ async fn metrics_have_their_names_types_labels_and_units_after_traffic() {
     })
     .await;
     let trip = http
-        .post(
-            &server.admin_url("/breaker/trip?note=metrics"),
-            &[],
-            Vec::new(),
-        )
+        .admin_post(&server.admin_url("/breaker/trip?note=metrics"))
         .await;
     assert_eq!(trip.status, StatusCode::OK, "{:?}", trip.body);
     let reset = http
-        .post(
-            &server.admin_url("/breaker/reset?force_closed=true"),
-            &[],
-            Vec::new(),
-        )
+        .admin_post(&server.admin_url("/breaker/reset?force_closed=true"))
         .await;
     assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
     // The samplers publish the gauges once a second.

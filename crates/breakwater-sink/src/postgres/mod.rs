@@ -8,7 +8,12 @@
 //! LOCAL ...` (one simple-query batch) with the inbox insert (which also
 //! sets `applied_at`: `now()` is the transaction's timestamp, so a later
 //! `UPDATE` would write the same value); then every configured statement
-//! with `COMMIT`. A duplicate costs the first and a `COMMIT`. Statements
+//! with `COMMIT`. A duplicate costs the first and a `COMMIT`. An event
+//! under the stale-event guard (its source has a version, and it carries
+//! one and an entity key) is inserted by [`INSERT_VERSIONED`] instead,
+//! which also keeps its key's newest version in the same statement; a
+//! superseded one's second round trip marks its inbox row and commits,
+//! running no statement. Statements
 //! are prepared once per connection (`prepare_cached`), and once more at
 //! [`PgSink::connect`] to check them; an apply prepares before its `BEGIN`,
 //! so sessions get `lock_timeout` as a startup option too (parsing locks
@@ -63,7 +68,25 @@ CREATE TABLE IF NOT EXISTS breakwater_inbox (
     payload     jsonb,
     received_at timestamptz NOT NULL,
     applied_at  timestamptz,
+    superseded_by text,
     PRIMARY KEY (source, event_id)
+);
+DO $$
+BEGIN
+    -- An inbox made before the stale-event guard: added once. Checked
+    -- first, since ALTER TABLE locks the inbox even when it does nothing.
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'breakwater_inbox'::regclass
+                     AND attname = 'superseded_by' AND NOT attisdropped) THEN
+        ALTER TABLE breakwater_inbox ADD COLUMN IF NOT EXISTS superseded_by text;
+    END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS breakwater_versions (
+    source     text NOT NULL,
+    entity_key text NOT NULL,
+    version    bigint NOT NULL,
+    event_id   text NOT NULL,
+    PRIMARY KEY (source, entity_key)
 );
 COMMIT;";
 
@@ -79,11 +102,44 @@ INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at
 VALUES ($1, $2, $3, $4, $5, now())
 ON CONFLICT (source, event_id) DO NOTHING";
 
+/// [`INSERT_INBOX`] for an event under the stale-event guard (`$6` its
+/// version), in one statement: only if the inbox row is new, its key's
+/// version row is inserted, or updated when it is not newer than this
+/// event's. Answers whether the inbox row is new and whether the version
+/// was stored: new and not stored is superseded. The conflict's row lock
+/// (taken even when the `WHERE` refuses the update) holds a second session
+/// of the same key until this transaction ends, which then compares with
+/// what this one committed.
+const INSERT_VERSIONED: &str = "\
+WITH inbox AS (
+    INSERT INTO breakwater_inbox (event_id, source, entity_key, payload, received_at, applied_at)
+    VALUES ($1, $2, $3, $4, $5, now())
+    ON CONFLICT (source, event_id) DO NOTHING
+    RETURNING event_id
+), newest AS (
+    INSERT INTO breakwater_versions AS v (source, entity_key, version, event_id)
+    SELECT $2, $3, $6::int8, event_id FROM inbox
+    ON CONFLICT (source, entity_key) DO UPDATE
+        SET version = EXCLUDED.version, event_id = EXCLUDED.event_id
+        WHERE v.version <= EXCLUDED.version
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM inbox), EXISTS (SELECT 1 FROM newest)";
+
+/// Marks a superseded event's inbox row with the event that holds its
+/// key's newer version (locked by [`INSERT_VERSIONED`], so it is the one
+/// that was compared), and names it.
+const SUPERSEDE: &str = "\
+UPDATE breakwater_inbox AS i SET superseded_by = v.event_id
+FROM breakwater_versions AS v
+WHERE i.source = $1 AND i.event_id = $2 AND v.source = $1 AND v.entity_key = $3
+RETURNING v.event_id";
+
 /// One event's inbox row, times as milliseconds since the Unix epoch.
 const SELECT_INBOX: &str = "\
 SELECT (extract(epoch FROM received_at) * 1000)::int8,
        (extract(epoch FROM applied_at) * 1000)::int8,
-       entity_key
+       entity_key, superseded_by
 FROM breakwater_inbox WHERE source = $1 AND event_id = $2";
 
 /// Sessions waiting on a lock, and who blocks them. Breakwater's sessions
@@ -226,8 +282,10 @@ impl PgSink {
     /// Runs the transaction; on success it is committed. Two round trips,
     /// pipelined (tokio-postgres sends requests polled together without
     /// waiting for each answer, and the server runs them in order):
-    /// `BEGIN` with its `SET LOCAL`s and the inbox insert; then, for a new
-    /// event, every statement and `COMMIT`. A statement that fails aborts
+    /// `BEGIN` with its `SET LOCAL`s and the inbox insert (with `version`
+    /// and a key: [`INSERT_VERSIONED`]); then, for a new event, every
+    /// statement and `COMMIT`, or for a superseded one [`SUPERSEDE`] and
+    /// `COMMIT`. A statement that fails aborts
     /// the transaction, so the `COMMIT` behind it rolls back, and its own
     /// error is the one reported; the transaction has then ended, and no
     /// `ROLLBACK` follows (it would cost a round trip, and the server's
@@ -239,12 +297,28 @@ impl PgSink {
         payload: Option<&Value>,
         statements: &[CompiledStatement],
         values: &[Vec<ParamValue>],
+        version: Option<i64>,
     ) -> Result<Applied, TxFailed> {
+        // Under the guard: an event with a version and a key.
+        let guarded = version.zip(event.entity_key);
         // Prepared once per connection, bound before anything is sent.
         let insert = client
-            .prepare_cached(INSERT_INBOX)
+            .prepare_cached(if guarded.is_some() {
+                INSERT_VERSIONED
+            } else {
+                INSERT_INBOX
+            })
             .await
             .map_err(|e| TxFailed::preparing(&e))?;
+        let supersede = match guarded {
+            Some(_) => Some(
+                client
+                    .prepare_cached(SUPERSEDE)
+                    .await
+                    .map_err(|e| TxFailed::preparing(&e))?,
+            ),
+            None => None,
+        };
         let mut runs = Vec::with_capacity(statements.len());
         let mut scratch = bytes::BytesMut::new();
         for (statement, values) in statements.iter().zip(values) {
@@ -273,26 +347,54 @@ impl PgSink {
             runs.push((prepared, bound));
         }
         let received_at = system_time(event.received_at_ms);
-        let (begun, inserted) = join(
-            client.batch_execute(&self.begin),
-            client.execute(
-                &insert,
-                &[
-                    &event.event_id,
-                    &event.source,
-                    &event.entity_key,
-                    &payload,
-                    &received_at,
-                ],
-            ),
-        )
-        .await;
+        let inbox_params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &event.event_id,
+            &event.source,
+            &event.entity_key,
+            &payload,
+            &received_at,
+        ];
+        // Whether the inbox row is new, and (under the guard) whether its
+        // version was stored.
+        let inserted = async {
+            match guarded {
+                None => client
+                    .execute(&insert, &inbox_params)
+                    .await
+                    .map(|n| (n > 0, true)),
+                Some((version, _)) => {
+                    let mut params = inbox_params.to_vec();
+                    params.push(&version);
+                    let row = client.query_one(&insert, &params).await?;
+                    Ok((row.try_get(0)?, row.try_get(1)?))
+                }
+            }
+        };
+        let (begun, inserted) = join(client.batch_execute(&self.begin), inserted).await;
         // BEGIN cannot fail while the insert behind it succeeds: a failed
         // SET LOCAL aborts the transaction BEGIN opened (the insert then
         // fails too), and a broken connection fails both.
         let open = |e: &tokio_postgres::Error| TxFailed::in_transaction(classify(e));
         begun.map_err(|e| open(&e))?;
-        if inserted.map_err(|e| open(&e))? == 0 {
+        let (new, stored) = inserted.map_err(|e| open(&e))?;
+        if let (true, false, Some(supersede), Some((_, key))) = (new, stored, &supersede, guarded) {
+            let (by, committed) = join(
+                client.query_opt(supersede, &[&event.source, &event.event_id, &key]),
+                client.batch_execute("COMMIT"),
+            )
+            .await;
+            let by = match by {
+                Ok(row) => row.and_then(|r| r.try_get::<_, String>(0).ok()),
+                Err(e) => return Err(TxFailed::after_commit(classify(&e), &committed)),
+            };
+            if let Err(e) = &committed {
+                return Err(TxFailed::after_commit(classify(e), &committed));
+            }
+            return Ok(Applied::Superseded {
+                by: by.unwrap_or_default(),
+            });
+        }
+        if !new {
             let committed = client.batch_execute("COMMIT").await;
             if let Err(e) = &committed {
                 return Err(TxFailed::after_commit(classify(e), &committed));
@@ -449,6 +551,7 @@ impl Sink for PgSink {
             statements,
             json,
             values,
+            version,
         } = bind(&self.statements, event)?;
 
         let client = self.pool.get().await.map_err(classify_pool)?;
@@ -484,7 +587,7 @@ impl Sink for PgSink {
         };
         let outcome = tokio::time::timeout(
             deadline,
-            self.transaction(client, event, Some(payload), statements, &values),
+            self.transaction(client, event, Some(payload), statements, &values, version),
         )
         .await;
         match outcome {
@@ -546,6 +649,7 @@ impl Sink for PgSink {
                 received_at_ms: row.try_get::<_, Option<i64>>(0)?.unwrap_or_default(),
                 applied_at_ms: row.try_get(1)?,
                 entity_key: row.try_get(2)?,
+                superseded_by: row.try_get(3)?,
             })
         })()
         .map_err(|e| classify(&e))?;

@@ -42,17 +42,20 @@ pub async fn call_with<T: serde::de::DeserializeOwned, B: serde::Serialize>(
     body: Option<&B>,
 ) -> Result<T, AdminClientError> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    // Every write says JSON, with a body or without: the API refuses a
+    // write without a content type, as a web page could send it.
+    let writes = !matches!(method, Method::GET | Method::HEAD);
     let mut req = http::Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path_and_query}"));
     if let Some(t) = token {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
+    if writes || body.is_some() {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+    }
     let body = match body {
-        Some(b) => {
-            req = req.header(header::CONTENT_TYPE, "application/json");
-            Bytes::from(serde_json::to_vec(b)?)
-        }
+        Some(b) => Bytes::from(serde_json::to_vec(b)?),
         None => Bytes::new(),
     };
     let unreachable = |detail: String| AdminClientError::Unreachable { addr, detail };

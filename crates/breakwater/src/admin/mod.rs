@@ -43,7 +43,8 @@
 //! the fleet view (nodes, lease holder, this node's standing).
 //!
 //! Requests a browser could be made to send are refused (`guard`: a
-//! cross-site write, a form's content type, a `Host` that is not this
+//! write from any origin but the listener's own (scheme, host and port), a
+//! write without a content type or with a form's, a `Host` that is not this
 //! loopback listener when no token is set).
 //!
 //! When `[admin] token` is set every request needs
@@ -54,6 +55,7 @@ pub mod client;
 mod guard;
 mod replay;
 
+use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -81,6 +83,9 @@ pub struct Admin {
     pub metrics: Option<PrometheusHandle>,
     pub queue: Arc<dyn Queue>,
     pub token: Option<String>,
+    /// The address the admin listener is bound to: its origin is the only
+    /// one whose browser writes it takes (`guard`).
+    pub listen: SocketAddr,
     /// The breaker, in a process that runs workers (or any fleet node).
     pub controller: Option<Arc<Controller>>,
     /// The fleet link, with `[fleet]`.
@@ -108,6 +113,10 @@ const DLQ_PAGE_MAX: usize = 1000;
 impl Admin {
     /// The admin router.
     pub fn router(self) -> Router {
+        let gate = Arc::new(Gate {
+            guard: guard::Guard::new(self.listen, self.token.is_some()),
+            token: self.token.clone(),
+        });
         let state = Arc::new(self);
         Router::new()
             .route("/metrics", get(render_metrics))
@@ -122,10 +131,7 @@ impl Admin {
             .route("/breaker/trip", post(breaker_trip))
             .route("/breaker/reset", post(breaker_reset))
             .route("/healthz", get(healthy))
-            .layer(middleware::from_fn_with_state(
-                Arc::clone(&state),
-                authorize,
-            ))
+            .layer(middleware::from_fn_with_state(gate, authorize))
             // After the layer: the page itself needs no token.
             .route("/", get(dashboard))
             .with_state(state)
@@ -163,11 +169,17 @@ fn queue_error(e: &QueueError) -> Response {
     }
 }
 
-async fn authorize(State(admin): State<Arc<Admin>>, request: Request, next: Next) -> Response {
-    if let Some(why) = guard::refuse(request.method(), request.headers(), admin.token.is_some()) {
+/// What every request of the API passes: the browser guard, the token.
+struct Gate {
+    guard: guard::Guard,
+    token: Option<String>,
+}
+
+async fn authorize(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    if let Some(why) = gate.guard.refuse(request.method(), request.headers()) {
         return error(StatusCode::FORBIDDEN, "forbidden", why);
     }
-    if let Some(token) = &admin.token {
+    if let Some(token) = &gate.token {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)

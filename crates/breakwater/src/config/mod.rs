@@ -148,6 +148,9 @@ pub struct AdminConfig {
     /// /events/{source}/{id}` (in memory, per node; 0: off). About 300
     /// bytes an event, more for one retried many times.
     pub event_history: usize,
+    /// Bytes that history may hold (its ids and attempts; 0: off): the
+    /// oldest events go first past it, whatever their count.
+    pub event_history_bytes: usize,
 }
 
 /// The most events `admin.event_history` may keep.
@@ -159,6 +162,7 @@ impl Default for AdminConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token: None,
             event_history: 50_000,
+            event_history_bytes: crate::events::journal::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -272,6 +276,12 @@ pub struct WorkersConfig {
     /// CPU goes to taking webhooks first and the applies catch up after
     /// (`worker/apply_runtime.rs`). Linux only.
     pub nice: u8,
+    /// `key`: per entity key, statements run in the order the ingress
+    /// accepted the webhooks; `none`: any order. Unset: `key` where the
+    /// queue backend keeps it (the segment log), else `none`, with a
+    /// warning at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<crate::queue::KeyOrder>,
 }
 
 impl Default for WorkersConfig {
@@ -288,6 +298,7 @@ impl Default for WorkersConfig {
             backoff_jitter: BackoffJitter::Full,
             per_key_concurrency: 1,
             nice: 10,
+            order: None,
         }
     }
 }
@@ -303,6 +314,34 @@ pub enum BackoffJitter {
 }
 
 impl Config {
+    /// The order the workers keep: `workers.order` as set, else `key`
+    /// where the queue backend keeps it, else `none`.
+    pub fn key_order(&self) -> crate::queue::KeyOrder {
+        use crate::queue::KeyOrder;
+        self.workers.order.unwrap_or_else(|| {
+            match crate::queue::backend(&self.queue).map(|b| b.keeps_key_order(&self.queue)) {
+                Ok(Ok(())) => KeyOrder::Key,
+                _ => KeyOrder::None,
+            }
+        })
+    }
+
+    /// Why `workers.order` is unset and the queue backend keeps no key
+    /// order, for a warning at start; `None` when order is kept or was
+    /// turned off on purpose.
+    pub fn key_order_warning(&self) -> Option<String> {
+        if self.workers.order.is_some() {
+            return None;
+        }
+        let backend = crate::queue::backend(&self.queue).ok()?;
+        let why = backend.keeps_key_order(&self.queue).err()?;
+        Some(format!(
+            "webhooks of one entity key may be applied out of order: {why}; make the \
+             statements order-proof (change a row only for an event newer than it), or set \
+             workers.order = \"none\" to say order does not matter"
+        ))
+    }
+
     /// This process's name: its fleet node id, else `hostname:pid`.
     pub fn node_name(&self) -> String {
         self.fleet

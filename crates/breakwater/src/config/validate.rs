@@ -184,6 +184,16 @@ impl Config {
                 super::parse_error::hide_values(&problem.message),
             )
         })?;
+        if self.workers.order == Some(crate::queue::KeyOrder::Key) {
+            let backend = crate::queue::backend(&self.queue)
+                .map_err(|problem| ConfigError::invalid("queue.backend", problem.message))?;
+            backend.keeps_key_order(&self.queue).map_err(|why| {
+                ConfigError::invalid(
+                    "workers.order",
+                    format!("\"key\" cannot be kept here: {why}; set \"none\" to say so"),
+                )
+            })?;
+        }
         if self.admin.event_history > super::EVENT_HISTORY_MAX {
             return Err(ConfigError::invalid(
                 "admin.event_history",

@@ -1,5 +1,6 @@
 //! One webhook's story, for `GET /events/{source}/{event_id}` and
-//! `breakwater events show`: what the sink's inbox holds (applied, when),
+//! `breakwater events show`: what the sink's inbox holds (applied, when;
+//! superseded, by which newer event),
 //! whether it sits in the DLQ (with its reason), and what this node's
 //! workers did with it lately ([`journal`]: each attempt with its time,
 //! class and error). The first two are durable and fleet-wide; the
@@ -95,12 +96,23 @@ pub fn tell(source: &str, event_id: &str, found: Found, journal: &EventJournal) 
             received_at_ms: r.received_at_ms,
             applied_at_ms: r.applied_at_ms,
             entity_key: r.entity_key.clone(),
+            superseded_by: r.superseded_by.clone(),
         }),
         _ => None,
     };
     let Attempts { kept, dropped } = attempts.unwrap_or_default();
     let last = kept.back().map(|a| a.outcome.as_str());
-    let (state, detail) = if applied.is_some() {
+    let superseded_by = applied.as_ref().and_then(|a| a.superseded_by.as_deref());
+    let (state, detail) = if let Some(by) = superseded_by {
+        // Settled: its inbox row is kept, so it is never applied later.
+        (
+            EventState::Applied,
+            format!(
+                "superseded by {by}: its entity key already held a newer version, so its \
+                 statements did not run (its inbox row is kept)"
+            ),
+        )
+    } else if applied.is_some() {
         (
             EventState::Applied,
             "applied: its row is in the inbox, committed with its effects".to_owned(),
@@ -195,6 +207,7 @@ mod tests {
                 received_at_ms: 5,
                 applied_at_ms: Some(9),
                 entity_key: Some("order-1".into()),
+                superseded_by: None,
             })),
             attempts: j.get("stripe", "evt_1"),
             ..Found::default()
@@ -204,6 +217,32 @@ mod tests {
         assert_eq!(story.applied.and_then(|a| a.applied_at_ms), Some(9));
         assert_eq!(story.attempts.len(), 1);
         assert_eq!(story.history.node, "node-a");
+    }
+
+    #[test]
+    fn a_superseded_event_says_by_which_event() {
+        let j = journal_with(&["superseded"]);
+        let found = Found {
+            inbox: Some(InboxLookup::Found(InboxRecord {
+                received_at_ms: 5,
+                applied_at_ms: Some(9),
+                entity_key: Some("order-1".into()),
+                superseded_by: Some("evt_2".into()),
+            })),
+            attempts: j.get("stripe", "evt_1"),
+            ..Found::default()
+        };
+        let story = tell("stripe", "evt_1", found, &j);
+        assert_eq!(story.state, EventState::Applied);
+        assert!(
+            story.detail.starts_with("superseded by evt_2"),
+            "{}",
+            story.detail
+        );
+        assert_eq!(
+            story.applied.and_then(|a| a.superseded_by).as_deref(),
+            Some("evt_2")
+        );
     }
 
     #[test]

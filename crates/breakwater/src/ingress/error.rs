@@ -31,6 +31,10 @@ pub enum IngressError {
     BadBody(String),
     #[error("the body is not valid JSON, and this source takes only JSON: {0}")]
     BadJson(String),
+    #[error("the event id is {len} bytes long; at most {limit} are taken")]
+    EventIdTooLong { len: usize, limit: usize },
+    #[error("the entity key is {len} bytes long; at most {limit} are taken")]
+    EntityKeyTooLong { len: usize, limit: usize },
     #[error("the queue cannot take the webhook now: {0}")]
     Unavailable(String),
 }
@@ -43,7 +47,10 @@ impl IngressError {
             Self::WrongMethod(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unauthorized(_) | Self::Stale(_) => StatusCode::UNAUTHORIZED,
             Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::BadBody(_) | Self::BadJson(_) => StatusCode::BAD_REQUEST,
+            Self::BadBody(_)
+            | Self::BadJson(_)
+            | Self::EventIdTooLong { .. }
+            | Self::EntityKeyTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -59,6 +66,8 @@ impl IngressError {
             Self::TooLarge { .. } => "too_large",
             Self::BadBody(_) => "bad_body",
             Self::BadJson(_) => "bad_json",
+            Self::EventIdTooLong { .. } => "event_id_too_long",
+            Self::EntityKeyTooLong { .. } => "entity_key_too_long",
             Self::Unavailable(_) => "unavailable",
         }
     }

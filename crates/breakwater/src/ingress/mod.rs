@@ -11,8 +11,14 @@
 //! 4. refuse a body that is not JSON when the source takes only JSON (400
 //!    `bad_json`: the default for every scheme but generic HMAC, whose
 //!    sources choose with `body = "json" | "any"`);
-//! 5. extract the event id and entity key (never refuses: a missing id
-//!    falls back to a hash of the body);
+//! 5. extract the event id and entity key: a missing or empty id falls
+//!    back to a hash of the body, but one longer than
+//!    [`MAX_EVENT_ID_BYTES`] is refused (400 `event_id_too_long`), and so
+//!    is an entity key longer than [`MAX_ENTITY_KEY_BYTES`] (400
+//!    `entity_key_too_long`): every id and key is held in memory (the
+//!    queue's indexes, the lanes, the attempt history) and in every log
+//!    line about its event, so its size is bounded here, not hashed
+//!    silently into another identity;
 //! 6. enqueue and wait until the queue says it is durable: 202 `accepted`,
 //!    or 200 `duplicate` for an event id already queued or applied; if the
 //!    queue cannot take it, 503 `unavailable` with `Retry-After`; if it is
@@ -51,6 +57,15 @@ struct Route {
     duplicate: Counter,
     latency: Histogram,
 }
+
+/// The longest event id taken, in bytes: far above every provider's (a
+/// Stripe `evt_...` or a UUID is under 40 bytes; the body-hash fallback
+/// is 71).
+pub const MAX_EVENT_ID_BYTES: usize = 1024;
+
+/// The longest entity key taken, in bytes (a resource id, an email, a
+/// composite key).
+pub const MAX_ENTITY_KEY_BYTES: usize = 1024;
 
 /// Shared state of the ingress handlers.
 pub struct Ingress {
@@ -245,6 +260,22 @@ async fn accept(
     let identity = source
         .read(headers, &body)
         .map_err(|e| IngressError::BadJson(e.to_string()))?;
+    if identity.event_id.len() > MAX_EVENT_ID_BYTES {
+        return Err(IngressError::EventIdTooLong {
+            len: identity.event_id.len(),
+            limit: MAX_EVENT_ID_BYTES,
+        });
+    }
+    if let Some(key) = identity
+        .entity_key
+        .as_ref()
+        .filter(|k| k.len() > MAX_ENTITY_KEY_BYTES)
+    {
+        return Err(IngressError::EntityKeyTooLong {
+            len: key.len(),
+            limit: MAX_ENTITY_KEY_BYTES,
+        });
+    }
     let message = NewMessage {
         source: source.name.to_string(),
         event_id: identity.event_id,

@@ -111,6 +111,12 @@ pub struct SourceConfig {
     /// `json:/pointer` or `header:Name`; absent: no entity key (no lane).
     #[serde(default)]
     pub entity_key: Option<String>,
+    /// Where each event's version is, for the stale-event guard (an event
+    /// older than the newest applied for its entity key is superseded):
+    /// `json:/pointer` or `header:Name`, read by the sink; `"none"`: no
+    /// guard. Absent: the scheme's ([`SourceConfig::version_spec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
     /// `event_id` or `body`; absent: `body` for github and shopify (their
     /// delivery id is not signed) when no `event_id` is set, else
     /// `event_id`.
@@ -220,10 +226,36 @@ impl SourceConfig {
             prefix: None,
             event_id: None,
             entity_key: None,
+            version: None,
             dedup_on: None,
             body: None,
             statements: Vec::new(),
             forward: None,
+        }
+    }
+}
+
+/// `version = "none"`: no stale-event guard, not even the scheme's.
+pub const NO_VERSION: &str = "none";
+
+impl SourceConfig {
+    /// Where this source's events carry their version: `version` as set
+    /// (`None` for [`NO_VERSION`]), else the scheme's own: Stripe's event
+    /// `created` (`json:/created`, in the signed body), Standard Webhooks'
+    /// signed `webhook-timestamp` header. Shopify and GitHub have none:
+    /// their topic and delivery headers are not signed, so they must never
+    /// be a version; Shopify's `json:/updated_at` is one for orders,
+    /// products and customers, set by hand; GitHub sends nothing that
+    /// grows per entity.
+    pub fn version_spec(&self) -> Option<&str> {
+        match self.version.as_deref().map(str::trim) {
+            Some(NO_VERSION) => None,
+            Some(spec) => Some(spec),
+            None => match self.scheme {
+                SchemeName::Stripe => Some("json:/created"),
+                SchemeName::Standard => Some("header:webhook-timestamp"),
+                SchemeName::Shopify | SchemeName::Github | SchemeName::Hmac => None,
+            },
         }
     }
 }

@@ -186,6 +186,12 @@ impl Source {
             .iter()
             .map(|h| HeaderName::from_static(h))
             .collect();
+        // The sink reads the version; a header one travels with the message.
+        if let Some(Extractor::Header(h)) = config.version_spec().map(parse).transpose()?
+            && !kept_headers.contains(&h)
+        {
+            kept_headers.push(h);
+        }
         for st in &config.statements {
             for spec in st.params.values() {
                 if let Extractor::Header(h) = parse(spec)?
@@ -285,7 +291,7 @@ impl Source {
             Extractor::Json(_) => from_body.next().flatten().and_then(json_to_text),
         });
         let event_id = if self.dedup_on_body {
-            signed_content_id(headers, body)
+            signed_content_id(body)
         } else {
             event_id
                 .filter(|id| !id.is_empty())
@@ -309,28 +315,21 @@ impl Source {
     }
 }
 
-/// The id of a webhook whose source gives none: `sha256:<hex of body>`.
-/// Headers that tell apart deliveries of the same body: Shopify sends one
-/// order's JSON byte for byte to `orders/create`, `orders/updated` and
-/// `orders/paid`; GitHub's event name is a header too.
-const TOPIC_HEADERS: &[&str] = &["x-shopify-topic", "x-github-event"];
-
-/// The id of a webhook deduplicated on what identifies its content (see
-/// [`DedupOn::Body`]): a hash of its topic header, if any, and its body.
-pub fn signed_content_id(headers: &HeaderMap, body: &[u8]) -> String {
-    let mut h = Sha256::new();
-    for name in TOPIC_HEADERS {
-        if let Some(v) = headers.get(*name) {
-            h.update(name.as_bytes());
-            h.update(b"=");
-            h.update(v.as_bytes());
-            h.update(b"\n");
-        }
-    }
-    h.update(body);
-    format!("sha256:{}", hex::encode(h.finalize()))
+/// The id of a webhook deduplicated on what its signature covers (see
+/// [`DedupOn::Body`]): a hash of the signed body and of nothing else.
+///
+/// GitHub and Shopify sign the body only; their topic headers
+/// (`X-GitHub-Event`, `X-Shopify-Topic`) and delivery ids are not signed,
+/// so whoever captured a delivery can send it again with any of them
+/// changed. Were a header part of the identity, each change would make a
+/// new webhook, applied again. Two deliveries of one body under two topics
+/// are therefore one webhook: a source that needs them apart sets
+/// `dedup_on = "event_id"` and accepts that its delivery id is unsigned.
+pub fn signed_content_id(body: &[u8]) -> String {
+    body_hash_id(body)
 }
 
+/// The id of a webhook whose source gives none: `sha256:<hex of body>`.
 pub fn body_hash_id(body: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(body)))
 }
@@ -395,8 +394,8 @@ pub fn body_format(config: &SourceConfig) -> BodyFormat {
     })
 }
 
-/// Checks every extractor spec of `source` (`event_id`, `entity_key`, each
-/// statement parameter); the error names the field relative to the source
+/// Checks every extractor spec of `source` (`event_id`, `entity_key`,
+/// `version`, each statement parameter); the error names the field relative to the source
 /// (`entity_key`, `statement[0].params.status`).
 pub fn check_extractors(source: &SourceConfig) -> Result<(), (String, String)> {
     for (field, value) in [
@@ -406,6 +405,9 @@ pub fn check_extractors(source: &SourceConfig) -> Result<(), (String, String)> {
         if let Some(v) = value {
             Extractor::parse(v).map_err(|m| (field.to_owned(), m))?;
         }
+    }
+    if let Some(v) = source.version_spec() {
+        Extractor::parse(v).map_err(|m| ("version".to_owned(), format!("{m}, or \"none\"")))?;
     }
     for (j, st) in source.statements.iter().enumerate() {
         for (name, v) in &st.params {
@@ -570,23 +572,66 @@ mod tests {
         assert_eq!(c.event_id, "1500.0", "a float is rendered as a number");
     }
 
+    /// Only what the signature covers identifies a delivery: a captured
+    /// GitHub or Shopify webhook sent again under another topic header,
+    /// another delivery id or none at all is the same webhook.
     #[test]
-    fn one_body_under_two_topics_is_two_webhooks() {
-        let config = SourceConfig::new("shop", SchemeName::Shopify, vec!["s".into()]);
-        let source = Source::compile(&config, |_| None).expect("source");
+    fn unsigned_headers_do_not_change_the_identity() {
         let body = br#"{"id": 820982911946154508}"#;
-        let topic = |t: &str| {
-            let mut h = HeaderMap::new();
-            h.insert("x-shopify-topic", t.parse().expect("value"));
-            h.insert("x-shopify-webhook-id", "w-1".parse().expect("value"));
-            h
+        for (scheme, topic, delivery) in [
+            (SchemeName::Shopify, "x-shopify-topic", "x-shopify-webhook-id"),
+            (SchemeName::Github, "x-github-event", "x-github-delivery"),
+        ] {
+            let config = SourceConfig::new("s", scheme, vec!["s".into()]);
+            let source = Source::compile(&config, |_| None).expect("source");
+            let headers = |t: Option<&str>, d: &str| {
+                let mut h = HeaderMap::new();
+                if let Some(t) = t {
+                    h.insert(topic, t.parse().expect("value"));
+                }
+                h.insert(delivery, d.parse().expect("value"));
+                h
+            };
+            let first = source.identify(&headers(Some("orders/create"), "w-1"), body);
+            for (t, d) in [(Some("orders/paid"), "w-2"), (Some("push2"), "w-3"), (None, "w-4")] {
+                assert_eq!(source.identify(&headers(t, d), body), first, "{scheme:?} {t:?}");
+            }
+            assert_eq!(first.event_id, body_hash_id(body));
+        }
+    }
+
+    /// The stale-event guard's version: the scheme's default (Standard
+    /// Webhooks' signed timestamp header then travels with the message),
+    /// `"none"` turning it off, and a malformed one refused.
+    #[test]
+    fn version_defaults_by_scheme_and_none_turns_it_off() {
+        let standard = SourceConfig::new("std", SchemeName::Standard, vec![]);
+        assert_eq!(standard.version_spec(), Some("header:webhook-timestamp"));
+        let stripe = SourceConfig::new("stripe", SchemeName::Stripe, vec![]);
+        assert_eq!(stripe.version_spec(), Some("json:/created"));
+        assert_eq!(github(None, None).version_spec(), None);
+        let off = SourceConfig {
+            version: Some(config::NO_VERSION.to_owned()),
+            ..stripe
         };
-        let created = source.identify(&topic("orders/create"), body).event_id;
-        let paid = source.identify(&topic("orders/paid"), body).event_id;
-        assert_ne!(created, paid);
-        assert_eq!(
-            created,
-            source.identify(&topic("orders/create"), body).event_id
-        );
+        assert_eq!(off.version_spec(), None);
+
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned();
+        let source = Source::compile(
+            &SourceConfig::new("std", SchemeName::Standard, vec![secret]),
+            |_| None,
+        )
+        .expect("ok");
+        assert!(source.kept_headers.iter().any(|h| h == "webhook-timestamp"));
+
+        let bad = SourceConfig {
+            version: Some("created".to_owned()),
+            ..SourceConfig::new("stripe", SchemeName::Stripe, vec!["whsec_x".into()])
+        };
+        let (field, why) = check_extractors(&bad).expect_err("refused");
+        assert_eq!(field, "version");
+        assert!(why.contains("none"), "{why}");
+        let err = Source::compile(&bad, |_| None).expect_err("refused");
+        assert!(err.to_string().contains("created"), "{err}");
     }
 }

@@ -603,7 +603,15 @@ impl Dispatcher {
         let decision = settle::decide(&result, &facts, || self.controller.dependency_trouble());
         match decision {
             Settle::Ack(outcome) => {
-                count(outcome, None);
+                match &result {
+                    Ok(Applied::Superseded { by }) => {
+                        metrics::counter!(telemetry::EVENTS_SUPERSEDED,
+                            "source" => m.source.clone())
+                        .increment(1);
+                        count(outcome, Some(&format!("superseded by {by}")));
+                    }
+                    _ => count(outcome, None),
+                }
                 let queue = Arc::clone(&self.queue);
                 self.settling.spawn(async move {
                     if let Err(e) = queue.ack(&receipt).await {

@@ -56,7 +56,8 @@ pub struct SettleFacts {
 /// What the queue is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settle {
-    /// Applied (`applied`) or already applied (`duplicate`).
+    /// Applied (`applied`), already applied (`duplicate`), or older than
+    /// its entity key's newest version (`superseded`).
     Ack(&'static str),
     /// To the DLQ: `permanent` (the message's fault) or `exhausted`.
     DeadLetter {
@@ -80,6 +81,8 @@ pub fn decide(
     let e = match result {
         Ok(Applied::New) => return Settle::Ack("applied"),
         Ok(Applied::Duplicate) => return Settle::Ack("duplicate"),
+        // Older than what its key already holds: settled, not a failure.
+        Ok(Applied::Superseded { .. }) => return Settle::Ack("superseded"),
         Err(e) => e,
     };
     if e.class == FailureClass::Permanent {
@@ -150,6 +153,23 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_superseded_event_is_acked_as_a_success() {
+        let superseded = Ok(Applied::Superseded { by: "evt_2".into() });
+        assert_eq!(
+            breaker_class(&superseded, true, false, || unreachable!()),
+            OutcomeClass::Success
+        );
+        let last_attempt = SettleFacts {
+            attempts: 2,
+            ..facts()
+        };
+        assert_eq!(
+            decide(&superseded, &last_attempt, || unreachable!()),
+            Settle::Ack("superseded")
+        );
     }
 
     #[test]

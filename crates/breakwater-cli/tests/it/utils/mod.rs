@@ -222,13 +222,35 @@ impl Server {
         Self::spawn(config, role, role != "ingress", env)
     }
 
+    /// Like [`Server::start`], the binary started under `umask` (through
+    /// `sh`, which `exec`s it: the child is the binary).
+    pub fn start_with_umask(config: &Path, role: &str, umask: &str) -> Self {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+            .arg(binary());
+        Self::spawn_from(sh, config, role, role != "ingress", &[])
+    }
+
     fn spawn(config: &Path, role: &str, wait_for_workers: bool, env: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(binary())
+        Self::spawn_from(Command::new(binary()), config, role, wait_for_workers, env)
+    }
+
+    /// `start`, a command that runs the binary with the arguments it is
+    /// given.
+    fn spawn_from(
+        mut start: Command,
+        config: &Path,
+        role: &str,
+        wait_for_workers: bool,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut child = start
             .args(["serve", "--role", role, "--config"])
             .arg(config)
-            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -391,6 +413,16 @@ impl Http {
         self.send(Method::POST, url, headers, body)
             .await
             .expect("POST")
+    }
+
+    /// A bodiless POST to the admin API as the CLI sends it: with
+    /// `Content-Type: application/json` (a write without one is refused).
+    pub async fn admin_post(&self, url: &str) -> Answer {
+        let json = [(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )];
+        self.post(url, &json, Vec::new()).await
     }
 }
 
