@@ -25,7 +25,7 @@ use tracing_subscriber::prelude::*;
 
 /// How the log is written (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// One human-readable line an event.
     Text,
     /// One JSON object a line.
@@ -38,7 +38,7 @@ pub enum LogFormat {
 /// purpose (a passive declare of a queue that may be missing, a DLQ scan
 /// handing its messages back), and the backend reports real failures
 /// itself.
-pub fn init(default: &str, format: LogFormat) {
+pub(crate) fn init(default: &str, format: LogFormat) {
     let wanted = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{default},lapin::channel=off")));
     let filter = filter_fn(safe_to_log).and(wanted);
@@ -71,7 +71,7 @@ fn safe_to_log(meta: &Metadata<'_>) -> bool {
 /// A writer that escapes every control character of what it is given,
 /// but the newline that ends it: the text formatter hands it one whole
 /// event at a time.
-pub struct OneLine<W> {
+pub(crate) struct OneLine<W> {
     inner: W,
     /// Keep ESC as it is: the formatter colours its own output (and
     /// escapes ESC inside field values itself).
@@ -79,7 +79,7 @@ pub struct OneLine<W> {
 }
 
 impl<W> OneLine<W> {
-    pub fn new(inner: W, keep_escape: bool) -> Self {
+    pub(crate) fn new(inner: W, keep_escape: bool) -> Self {
         Self { inner, keep_escape }
     }
 }

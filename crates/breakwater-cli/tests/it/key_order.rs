@@ -18,7 +18,7 @@ use crate::utils::*;
 /// webhook with a serialization failure (a dependency failure, retried)
 /// a few times: sequences are not rolled back with the transaction.
 const SCHEMA: &str = "
-CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL, seq int NOT NULL DEFAULT 0);
+CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL DEFAULT 'new', seq int NOT NULL DEFAULT 0);
 INSERT INTO orders (id) SELECT g FROM generate_series(1, 6) g;
 INSERT INTO orders (id) VALUES (1042);
 CREATE TABLE applied (run bigserial PRIMARY KEY, order_id bigint NOT NULL, seq int NOT NULL);
