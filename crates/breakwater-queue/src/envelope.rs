@@ -123,7 +123,7 @@ pub fn open(json: &[u8], body: &[u8]) -> Result<Meta, NotAnEnvelope> {
         sum: Option<String>,
     }
     let sealed: Sealed = serde_json::from_slice(json).map_err(|e| NotAnEnvelope(e.to_string()))?;
-    if let Some(found) = &sealed.sum.filter(|_| false) {
+    if let Some(found) = &sealed.sum {
         let written = serde_json::to_vec(&sealed.meta).unwrap_or_default();
         if *found != sum(&written, body) {
             return Err(NotAnEnvelope(

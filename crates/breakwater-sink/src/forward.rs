@@ -6,10 +6,24 @@
 //!
 //! | header | value |
 //! |---|---|
-//! | `idempotency-key`, `webhook-id` | the event id: the receiver deduplicates on it (there is no inbox on this path) |
+//! | `idempotency-key`, `webhook-id` | the event id, encoded (below): the receiver deduplicates on it (there is no inbox on this path) |
 //! | `webhook-timestamp`, `webhook-signature` | a Standard Webhooks signature with the target's secret, when it has one, so the receiver can trust the request came from Breakwater |
-//! | `breakwater-source` | the source's name |
+//! | `breakwater-source` | the source's name, encoded the same way |
 //! | `breakwater-attempt` | 1 for the first attempt, 2 for the first retry, ... |
+//! | `breakwater-version` | the event's version (the stale-event guard's integer, `version.rs`), when its source has one and it carries one: the receiver decides what an older version means |
+//!
+//! The event id comes from the sender and may hold any character, so it
+//! is percent-encoded: every byte of visible ASCII but `%` as it is, every
+//! other byte (space, control characters, `%`, the UTF-8 bytes of a
+//! non-ASCII character) as `%XX`. An id of visible ASCII without `%`
+//! arrives unchanged, distinct ids never share a key, and the receiver
+//! gets the id back by percent-decoding the key (`c%250A` is `c%0A`,
+//! `c%0A` is `c` and a newline).
+//!
+//! What a person sees of a target, its errors included, never holds its
+//! URL's password or query values ([`crate::redact_http_url`]), and an
+//! error's message is at most 512 bytes long (`MESSAGE_MOST_BYTES`:
+//! [`ForwardTarget::forward`], which every error leaves through, cuts it).
 //!
 //! How an answer is classified ([`classify`]): 2xx applied; connection
 //! errors, timeouts, 429 and 5xx are *dependency* failures (retried, they
@@ -30,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -47,12 +61,17 @@ use crate::{Applied, Event, SinkError, SinkSetupError, TargetFailure};
 const REACH_HOLD: Duration = Duration::from_millis(50);
 /// Most bytes of a refusal's body kept in the DLQ entry.
 const EXCERPT_BYTES: usize = 512;
+/// Most bytes of the message of any error the forward sink returns (what
+/// the DLQ entry, the attempt history and the log keep of it).
+const MESSAGE_MOST_BYTES: usize = 512;
+/// What ends a message cut at [`MESSAGE_MOST_BYTES`].
+const CUT_MARK: &str = "…";
 /// Most bytes of an answer's body read (the rest is dropped with the
 /// connection).
 const READ_AT_MOST: usize = 64 * 1024;
 
 /// Where and how a source's webhooks are forwarded.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ForwardSpec {
     /// `http://host:port/path` or `https://host:port/path`.
     pub url: String,
@@ -76,21 +95,40 @@ pub struct ForwardSpec {
     pub ca_file: Option<PathBuf>,
 }
 
+impl std::fmt::Debug for ForwardSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardSpec")
+            .field("url", &crate::redact_http_url(&self.url))
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("http2", &self.http2)
+            .field("follow_redirects", &self.follow_redirects)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
 /// One forward target: its pool, its bound, its signer.
 pub struct ForwardTarget {
     spec: ForwardSpec,
+    /// The URL as people see it: no password, no query values.
+    shown_url: String,
     uri: Uri,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     permits: Arc<Semaphore>,
     /// This target's own breaker, consulted when the process forwards to
     /// several targets.
     gate: std::sync::Mutex<TargetGate>,
+    /// Where the source's events carry their version (`with_version`).
+    pub(crate) version: Option<crate::version::VersionSpec>,
 }
 
 impl std::fmt::Debug for ForwardTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ForwardTarget")
-            .field("url", &self.spec.url)
+            .field("url", &self.shown_url)
             .finish_non_exhaustive()
     }
 }
@@ -99,30 +137,28 @@ impl ForwardTarget {
     /// A target for `spec` (no connection is made until the first
     /// request).
     pub fn new(spec: ForwardSpec) -> Result<Self, SinkSetupError> {
+        let shown_url = crate::redact_http_url(&spec.url);
         let uri: Uri = spec
             .url
             .parse()
-            .map_err(|e| SinkSetupError::Settings(format!("forward url {:?}: {e}", spec.url)))?;
+            .map_err(|e| SinkSetupError::Settings(format!("forward url {shown_url:?}: {e}")))?;
         let https = match uri.scheme_str() {
             Some("https") => true,
             Some("http") => false,
             _ => {
                 return Err(SinkSetupError::Settings(format!(
-                    "forward url {:?}: must be http://host[:port]/path or https://host[:port]/path",
-                    spec.url
+                    "forward url {shown_url:?}: must be http://host[:port]/path or https://host[:port]/path"
                 )));
             }
         };
         if uri.host().is_none() {
             return Err(SinkSetupError::Settings(format!(
-                "forward url {:?}: has no host",
-                spec.url
+                "forward url {shown_url:?}: has no host"
             )));
         }
         if spec.ca_file.is_some() && !https {
             return Err(SinkSetupError::Settings(format!(
-                "forward ca_file: only an https:// url uses it, not {:?}",
-                spec.url
+                "forward ca_file: only an https:// url uses it, not {shown_url:?}"
             )));
         }
         if spec.max_connections == 0 || spec.timeout.is_zero() {
@@ -155,14 +191,17 @@ impl ForwardTarget {
             gate: std::sync::Mutex::new(TargetGate::new(GateSettings::default())),
             permits: Arc::new(Semaphore::new(spec.max_connections)),
             spec,
+            shown_url,
             uri,
             client,
+            version: None,
         })
     }
 
-    /// Where this target's events go, for people: its URL, no password.
+    /// Where this target's events go, for people: its URL, no password,
+    /// no query values.
     pub fn destination(&self) -> String {
-        format!("forwarded to {}", crate::redact_url(&self.spec.url))
+        format!("forwarded to {}", self.shown_url)
     }
 
     /// Whether the target accepts a TCP connection within the connect
@@ -214,7 +253,25 @@ impl ForwardTarget {
     /// `scoped` (the process forwards to several targets) the target's own
     /// gate refuses it fast while the target is failing, and its failures
     /// carry [`SinkError::target`].
+    ///
+    /// Every error of the forward sink leaves through here, its message
+    /// cut to 512 bytes (`MESSAGE_MOST_BYTES`): a redirect's `Location`, a
+    /// long URL or an error chain can be any length.
     pub async fn forward(
+        &self,
+        event: &Event<'_>,
+        attempt: u32,
+        scoped: bool,
+    ) -> Result<Applied, SinkError> {
+        self.forward_uncut(event, attempt, scoped)
+            .await
+            .map_err(|mut e| {
+                cut_message(&mut e.message);
+                e
+            })
+    }
+
+    async fn forward_uncut(
         &self,
         event: &Event<'_>,
         attempt: u32,
@@ -223,7 +280,7 @@ impl ForwardTarget {
         if !scoped {
             return self.send(event, attempt).await;
         }
-        let url = &self.spec.url;
+        let url = &self.shown_url;
         let probe = match self.gate().pass(std::time::Instant::now()) {
             Pass::Go => false,
             Pass::Probe => true,
@@ -255,7 +312,7 @@ impl ForwardTarget {
     }
 
     async fn send(&self, event: &Event<'_>, attempt: u32) -> Result<Applied, SinkError> {
-        let url = &self.spec.url;
+        let url = &self.shown_url;
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
         let _permit = tokio::time::timeout_at(deadline, self.permits.acquire())
             .await
@@ -278,7 +335,7 @@ impl ForwardTarget {
                 let shown = if hops == 0 {
                     std::borrow::Cow::Borrowed(url.as_str())
                 } else {
-                    std::borrow::Cow::Owned(uri.to_string())
+                    std::borrow::Cow::Owned(crate::redact_http_url(&uri.to_string()))
                 };
                 return classify(
                     &shown,
@@ -288,7 +345,10 @@ impl ForwardTarget {
                     &answer.body,
                 );
             }
-            let to = answer.location.as_deref().unwrap_or("(no Location)");
+            let to = answer
+                .location
+                .as_deref()
+                .map_or_else(|| "(no Location)".to_owned(), crate::redact_http_url);
             let why = if !redirect {
                 "only 307 and 308 are followed (the others would turn the POST into a GET)"
                     .to_owned()
@@ -313,9 +373,10 @@ impl ForwardTarget {
                         .to_owned(),
                 }
             };
+            let from = crate::redact_http_url(&uri.to_string());
             return Err(SinkError::permanent(
                 "http_redirect",
-                format!("HTTP {} from {uri} to {to}: {why}", answer.status),
+                format!("HTTP {} from {from} to {to}: {why}", answer.status),
             ));
         }
     }
@@ -328,7 +389,7 @@ impl ForwardTarget {
         attempt: u32,
         deadline: tokio::time::Instant,
     ) -> Result<Answer, SinkError> {
-        let url = &self.spec.url;
+        let url = &self.shown_url;
         let request = self.request(uri, event, attempt)?;
         let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Err(_) => {
@@ -379,43 +440,77 @@ impl ForwardTarget {
         event: &Event<'_>,
         attempt: u32,
     ) -> Result<Request<Full<Bytes>>, SinkError> {
-        let body = Bytes::copy_from_slice(event.body);
+        let headers = self.headers(event, attempt)?;
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(uri.clone())
+            .body(Full::new(Bytes::copy_from_slice(event.body)))
+            .map_err(|e| SinkError::permanent("forward_request", e.to_string()))?;
+        *request.headers_mut() = headers;
+        Ok(request)
+    }
+
+    /// The headers of the request that forwards `event` (the table of the
+    /// module's doc), signed now when the target has a secret.
+    pub fn headers(&self, event: &Event<'_>, attempt: u32) -> Result<HeaderMap, SinkError> {
         let content_type = event
             .headers
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
             .map_or("application/json", |(_, v)| v.as_str());
-        let event_id = header_value(event.event_id);
-        let mut builder = Request::builder()
-            .method(Method::POST)
-            .uri(uri.clone())
-            .header(http::header::CONTENT_TYPE, header_value(content_type))
-            .header("idempotency-key", event_id.clone())
-            .header("breakwater-source", header_value(event.source))
-            .header("breakwater-attempt", attempt.to_string());
+        let event_id = id_header_value(event.event_id)?;
+        let mut headers = HeaderMap::with_capacity(6);
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            content_type_value(content_type)?,
+        );
+        headers.insert(
+            HeaderName::from_static("idempotency-key"),
+            event_id.clone(),
+        );
+        headers.insert(
+            HeaderName::from_static("breakwater-source"),
+            id_header_value(event.source)?,
+        );
+        headers.insert(
+            HeaderName::from_static("breakwater-attempt"),
+            HeaderValue::from(attempt),
+        );
+        if let Some(spec) = &self.version
+            && let Some(version) = spec.read_raw(event)?
+        {
+            headers.insert(
+                HeaderName::from_static("breakwater-version"),
+                HeaderValue::from(version),
+            );
+        }
         match &self.spec.secret {
             Some(secret) => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-                let id = event_id.to_str().unwrap_or_default().to_owned();
+                // Visible ASCII by construction: the id as the receiver
+                // reads it in `webhook-id`, signed as such.
+                let id = event_id.to_str().map_err(|e| {
+                    SinkError::permanent("forward_request", format!("event id header: {e}"))
+                })?;
                 let signed = breakwater_verify::sign(
                     &breakwater_verify::Scheme::standard(),
                     secret,
-                    &body,
+                    event.body,
                     now,
-                    &id,
+                    id,
                 )
                 .map_err(|e| SinkError::permanent("forward_secret", e.to_string()))?;
                 for (name, value) in signed {
-                    builder = builder.header(name, value);
+                    headers.insert(name, value);
                 }
             }
-            None => builder = builder.header(HeaderName::from_static("webhook-id"), event_id),
+            None => {
+                headers.insert(HeaderName::from_static("webhook-id"), event_id);
+            }
         }
-        builder
-            .body(Full::new(body))
-            .map_err(|e| SinkError::permanent("forward_request", e.to_string()))
+        Ok(headers)
     }
 }
 
@@ -495,24 +590,70 @@ fn retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// `s` as a header value: as it is when it is printable ASCII, else with
-/// every byte outside visible ASCII percent-encoded (an event id comes from
-/// the sender and may hold anything; a receiver reads ASCII).
-fn header_value(s: &str) -> HeaderValue {
-    if s.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
-        && let Ok(v) = HeaderValue::from_str(s)
-    {
-        return v;
+/// Whether `b` goes into an [`id_header_value`] as it is.
+fn kept_in_id(b: u8) -> bool {
+    b.is_ascii_graphic() && b != b'%'
+}
+
+/// An event id (or a source's name) as a header value, injectively: each
+/// byte of visible ASCII but `%` as it is, every other byte (space, control
+/// characters, `%`, the UTF-8 bytes of a non-ASCII character) as `%XX` in
+/// upper-case hex. Percent-decoding the value gives `s` back, so distinct
+/// ids never share a value; an id of visible ASCII without `%` is
+/// unchanged. (An id comes from the sender and may hold anything; a
+/// header value holds visible ASCII, and a receiver trims the spaces at
+/// its ends.)
+fn id_header_value(s: &str) -> Result<HeaderValue, SinkError> {
+    if s.bytes().all(kept_in_id) {
+        return visible_ascii_value(s.to_owned());
     }
     let mut out = String::with_capacity(s.len() * 3);
     for b in s.bytes() {
-        if b.is_ascii_graphic() && b != b'%' {
+        if kept_in_id(b) {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.push('%');
+            out.push(char::from(HEX_DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(HEX_DIGITS[usize::from(b & 0x0f)]));
         }
     }
-    HeaderValue::from_str(&out).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    visible_ascii_value(out)
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+
+/// `s`, made of visible ASCII (and spaces) only, as a header value: it
+/// always is one; the error is there for the type.
+fn visible_ascii_value(s: String) -> Result<HeaderValue, SinkError> {
+    HeaderValue::from_maybe_shared(Bytes::from(s))
+        .map_err(|e| SinkError::permanent("forward_request", format!("a header value: {e}")))
+}
+
+/// The sender's content type, as it is when it is visible ASCII with
+/// spaces between (`application/json; charset=utf-8`), else encoded like
+/// an id.
+fn content_type_value(s: &str) -> Result<HeaderValue, SinkError> {
+    if s.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+        && !s.starts_with(' ')
+        && !s.ends_with(' ')
+    {
+        return visible_ascii_value(s.to_owned());
+    }
+    id_header_value(s)
+}
+
+/// Cuts `message` to [`MESSAGE_MOST_BYTES`] on a character boundary,
+/// ending it with [`CUT_MARK`] when it was longer.
+fn cut_message(message: &mut String) {
+    if message.len() <= MESSAGE_MOST_BYTES {
+        return;
+    }
+    let mut end = MESSAGE_MOST_BYTES - CUT_MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(CUT_MARK);
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -539,6 +680,7 @@ pub(crate) fn classify(
     }
     let excerpt = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_BYTES)]).into_owned();
     let code = status.as_u16().to_string();
+    let location = location.map(crate::redact_http_url);
     if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
         let kind = if status == StatusCode::TOO_MANY_REQUESTS {
             "http_429"
@@ -555,7 +697,7 @@ pub(crate) fn classify(
             "http_redirect",
             format!(
                 "HTTP {status} from {url} to {}: redirects are not followed",
-                location.unwrap_or("(no Location)")
+                location.as_deref().unwrap_or("(no Location)")
             ),
         )
         .with_code(code));
@@ -658,10 +800,90 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_s_event_id_always_makes_a_header() {
-        assert_eq!(header_value("evt_1"), "evt_1");
-        assert_eq!(header_value("a\r\nb"), "a%0D%0Ab");
-        assert_eq!(header_value("ü"), "%C3%BC");
+    fn a_sender_s_event_id_always_makes_a_header_of_its_own() {
+        let key = |id: &str| id_header_value(id).expect("a header value");
+        assert_eq!(key("evt_1"), "evt_1");
+        assert_eq!(key("a\r\nb"), "a%0D%0Ab");
+        assert_eq!(key("ü"), "%C3%BC");
+        assert_eq!(key(" a b "), "%20a%20b%20");
+        // `%` is encoded too: an id spelled like another's encoding keeps
+        // a key of its own.
+        assert_eq!(key("c%0A"), "c%250A");
+        assert_eq!(key("c\n"), "c%0A");
+        assert_ne!(key("c%0A"), key("c\n"));
+        assert_eq!(key(""), "");
+    }
+
+    #[test]
+    fn a_content_type_is_kept_as_sent_when_it_is_a_header_value() {
+        let value = |s: &str| content_type_value(s).expect("a header value");
+        assert_eq!(
+            value("application/json; charset=utf-8"),
+            "application/json; charset=utf-8"
+        );
+        assert_eq!(value("text/plain\n"), "text/plain%0A");
+        assert_eq!(value(" x"), "%20x");
+    }
+
+    #[test]
+    fn a_message_is_cut_on_a_character_boundary() {
+        let mut short = "x".repeat(MESSAGE_MOST_BYTES);
+        cut_message(&mut short);
+        assert_eq!(short.len(), MESSAGE_MOST_BYTES, "not cut at the bound");
+        for pad in 0..4 {
+            let mut long = format!("{}{}", "x".repeat(pad), "é".repeat(MESSAGE_MOST_BYTES));
+            cut_message(&mut long);
+            assert!(long.len() <= MESSAGE_MOST_BYTES, "{}", long.len());
+            assert!(long.len() > MESSAGE_MOST_BYTES - 8, "{}", long.len());
+            assert!(long.ends_with(CUT_MARK), "{long}");
+        }
+    }
+
+    #[test]
+    fn a_redirect_s_location_is_shown_without_its_query_values() {
+        let e = classify(
+            URL,
+            StatusCode::FOUND,
+            None,
+            Some("https://login.example/in?session=abc123"),
+            b"",
+        )
+        .expect_err("302");
+        assert!(!e.message.contains("abc123"), "{e}");
+        assert!(e.message.contains("session=<redacted>"), "{e}");
+    }
+
+    #[test]
+    fn a_target_is_described_without_its_secrets() {
+        let spec = ForwardSpec {
+            url: "http://u:pw@svc/x?token=t0k".into(),
+            timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            max_connections: 4,
+            secret: Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()),
+            http2: false,
+            follow_redirects: 0,
+            ca_file: None,
+        };
+        let target = ForwardTarget::new(spec.clone()).expect("target");
+        for shown in [
+            format!("{spec:?}"),
+            format!("{target:?}"),
+            target.destination(),
+        ] {
+            assert!(
+                !shown.contains("pw") && !shown.contains("t0k") && !shown.contains("MfKQ"),
+                "{shown}"
+            );
+            assert!(
+                shown.contains("http://u:<redacted>@svc/x?token=<redacted>"),
+                "{shown}"
+            );
+        }
+        let mut refused = spec;
+        refused.ca_file = Some("/nonexistent/ca.pem".into());
+        let err = ForwardTarget::new(refused).expect_err("a CA file on http");
+        assert!(!err.to_string().contains("pw"), "{err}");
     }
 
     #[test]

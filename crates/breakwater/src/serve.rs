@@ -323,7 +323,7 @@ fn with_forwards(
         };
         forwards.insert(
             source.name.clone(),
-            ForwardTarget::new(forward.spec(secret))?,
+            ForwardTarget::new(forward.spec(secret))?.with_version(source.version_spec())?,
         );
     }
     if forwards.is_empty() {

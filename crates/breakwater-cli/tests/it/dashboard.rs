@@ -1,8 +1,10 @@
 //! The admin dashboard in a real headless Chromium, driven over WebDriver
 //! (`chromedriver`, Debian's `chromium-driver`, installed by
-//! `scripts/test.sh`): the page follows the breaker when it is tripped
-//! from outside, its Trip and Reset buttons move it, and a dead letter is
-//! replayed from its row and delivered.
+//! `scripts/test.sh`): a page on another port of 127.0.0.1 can neither
+//! trip the breaker nor force it closed through the browser, the dashboard
+//! follows the breaker when it is tripped from outside, its Trip and Reset
+//! buttons move it, and a dead letter is replayed from its row and
+//! delivered.
 //!
 //! With `BREAKWATER_DASHBOARD_SCREENSHOT=<file>` the test also saves a
 //! screenshot of the page with the breaker open and a dead letter listed
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use http::StatusCode;
 
-use crate::receiver::{Receiver, Reply};
+use crate::receiver::{Receiver, Reply, always};
 use crate::utils::*;
 
 /// A chromedriver of the test's own, on a port of its own.
@@ -138,6 +140,25 @@ async fn click(page: &Client, css: &str) {
     }
 }
 
+/// Runs, in the page `page` shows, the `fetch` calls another site's page
+/// can make without a preflight (`no-cors`: no body, or a text body) to
+/// `url`, and says how each ended (`fulfilled:opaque` when the listener
+/// answered).
+async fn no_cors_posts(page: &Client, url: &str) -> Vec<String> {
+    let script = r#"
+        const [url, done] = arguments;
+        Promise.allSettled([
+            fetch(url, { method: "POST", mode: "no-cors" }),
+            fetch(url, { method: "POST", mode: "no-cors", body: "x" }),
+        ]).then(rs => done(rs.map(r => r.status + ":" + (r.value ? r.value.type : String(r.reason)))));
+    "#;
+    let ended = page
+        .execute_async(script, vec![serde_json::json!(url)])
+        .await
+        .expect("the page's fetch calls");
+    serde_json::from_value(ended).expect("a list of outcomes")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
     // The first request is refused (400: dead-lettered), the rest taken.
@@ -158,6 +179,31 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
     let http = Http::default();
     let driver = start_driver();
     let page = browser(&driver).await;
+
+    // A page on another port of 127.0.0.1 (Chrome calls it same-site):
+    // its POSTs reach the listener and are refused; the breaker does not
+    // move, tripped for a day or forced closed.
+    let elsewhere = Receiver::start(always(StatusCode::OK)).await;
+    page.goto(&elsewhere.url("/"))
+        .await
+        .expect("open the other page");
+    let breaker_state = async || {
+        http.get(&server.admin_url("/breaker")).await.json()["breaker"]["state"].clone()
+    };
+    let answered = vec!["fulfilled:opaque".to_owned(); 2];
+    let trip_a_day = server.admin_url("/breaker/trip?ttl_secs=86400&note=page");
+    assert_eq!(no_cors_posts(&page, &trip_a_day).await, answered);
+    assert_eq!(breaker_state().await, "closed");
+    let tripped = http
+        .admin_post(&server.admin_url("/breaker/trip?note=operator"))
+        .await;
+    assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
+    let force_closed = server.admin_url("/breaker/reset?force_closed=true&ttl_secs=86400");
+    assert_eq!(no_cors_posts(&page, &force_closed).await, answered);
+    assert_eq!(breaker_state().await, "open");
+    let reset = http.admin_post(&server.admin_url("/breaker/reset")).await;
+    assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
+
     page.goto(&server.admin_url("/"))
         .await
         .expect("open the page");

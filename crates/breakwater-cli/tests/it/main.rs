@@ -27,5 +27,6 @@ mod pg;
 mod rabbitmq;
 mod receiver;
 mod sqs;
+mod stale;
 mod utils;
 mod worker;

@@ -459,6 +459,10 @@ impl Config {
             for secret in &mut source.secrets {
                 *secret = "<redacted>".to_owned();
             }
+            // A target may take a password or a token in its URL.
+            if let Some(forward) = &mut source.forward {
+                forward.url = breakwater_sink::redact_http_url(&forward.url);
+            }
         }
         copy.sink.url = redact_url(&copy.sink.url);
         copy.queue.url = copy.queue.url.as_deref().map(redact_url);
@@ -796,6 +800,23 @@ secrets = ["topsecret"]
     }
 
     #[test]
+    fn a_forward_url_is_shown_without_its_password_or_query_values() {
+        let c = parse(
+            "[[source]]\nname = \"a\"\nscheme = \"github\"\nsecrets = [\"s\"]\n\
+             forward = { url = \"http://bw:pw-1@svc:7000/hooks?token=tok-1&v=2\" }\n",
+        )
+        .expect("a forwarding source");
+        let shown = toml::to_string(&c.shown().expect("shown")).expect("serializes");
+        assert!(!shown.contains("pw-1") && !shown.contains("tok-1"), "{shown}");
+        assert!(
+            shown.contains("http://bw:<redacted>@svc:7000/hooks?token=<redacted>&v=<redacted>"),
+            "{shown}"
+        );
+        let forward = c.sources[0].forward.as_ref().expect("forward");
+        assert!(forward.url.contains("pw-1"), "the config itself keeps it");
+    }
+
+    #[test]
     fn the_queue_backends_own_keys_are_checked_with_their_line() {
         let err =
             parse("[ingress]\nmax_body_bytes = 10\n\n[queue]\nlease_ms = 60000\nmax_bach = 3\n")
@@ -817,6 +838,28 @@ secrets = ["topsecret"]
             .expect_err("unknown")
             .to_string();
         assert!(err.contains("expected one of embedded"), "{err}");
+    }
+
+    #[test]
+    fn key_order_is_kept_where_the_backend_can_and_refused_by_name_where_it_cannot() {
+        use crate::queue::KeyOrder;
+        let log = parse("").expect("defaults");
+        assert_eq!(log.key_order(), KeyOrder::Key);
+        assert_eq!(log.key_order_warning(), None);
+        let rabbit = "[queue]\nbackend = \"rabbitmq\"\nurl = \"amqp://127.0.0.1\"\nname = \"q\"\n";
+        let unset = parse(rabbit).expect("unset: allowed");
+        assert_eq!(unset.key_order(), KeyOrder::None);
+        let warning = unset.key_order_warning().expect("a warning");
+        assert!(warning.contains("out of order"), "{warning}");
+        let err = parse(&format!("{rabbit}\n[workers]\norder = \"key\"\n"))
+            .expect_err("key order refused on RabbitMQ")
+            .to_string();
+        assert!(err.contains("workers.order"), "{err}");
+        assert!(err.contains("rabbitmq"), "{err}");
+        let none = parse(&format!("{rabbit}\n[workers]\norder = \"none\"\n")).expect("none");
+        assert_eq!((none.key_order(), none.key_order_warning()), (KeyOrder::None, None));
+        let off = parse("[workers]\norder = \"none\"\n").expect("none on the log");
+        assert_eq!(off.key_order(), KeyOrder::None);
     }
 
     #[test]

@@ -416,11 +416,11 @@ mod tests {
         assert_eq!(tc.state.load(Ordering::Acquire), CLOSED, "the idlest");
         assert!(!tc.begin(), "a closed connection takes no request");
         assert_eq!(tb.state.load(Ordering::Acquire), IDLE);
-        // `b` next, then only busy ones: refused.
+        // With `d` busy, `b` next, then only busy ones: refused.
+        assert!(td.begin());
         let (_, te, evicted) = admitted(tracker.admit());
         assert!(evicted);
         assert_eq!(tb.state.load(Ordering::Acquire), CLOSED);
-        assert!(td.begin());
         assert!(te.begin());
         assert!(matches!(tracker.admit(), Admission::Full));
         // One ends: room again without closing anything.
