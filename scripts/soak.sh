@@ -99,7 +99,7 @@ fault() {
     2) say "fault: the orders table locked for 10 s"
        psql "$PG/$DB" -qc "BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(10); COMMIT" >/dev/null & ;;
     3) say "fault: a manual trip for 15 s"
-       curl -sf -XPOST "http://127.0.0.1:$ADMIN/breaker/trip?ttl_secs=15&note=soak" >/dev/null ;;
+       curl -sf -XPOST -H 'Content-Type: application/json' "http://127.0.0.1:$ADMIN/breaker/trip?ttl_secs=15&note=soak" >/dev/null ;;
   esac
 }
 

@@ -88,10 +88,7 @@ pub(crate) fn read<'a>(
     let mut releases: Option<u32> = None;
     /// `v` as this header's number, written as [`headers`] writes it
     /// (decimal, no sign, space or leading zero).
-    fn number<T: std::str::FromStr + ToString>(
-        name: &'static str,
-        v: &[u8],
-    ) -> Result<T, Foreign> {
+    fn number<T: std::str::FromStr + ToString>(name: &'static str, v: &[u8]) -> Result<T, Foreign> {
         std::str::from_utf8(v)
             .ok()
             .and_then(|s| s.parse::<T>().ok().filter(|n| n.to_string() == s))
@@ -183,7 +180,10 @@ mod tests {
 
     #[test]
     fn a_record_without_metadata_is_foreign() {
-        assert_eq!(read([("other", Some(&b"x"[..]))], b""), Err(Foreign::NoMeta));
+        assert_eq!(
+            read([("other", Some(&b"x"[..]))], b""),
+            Err(Foreign::NoMeta)
+        );
         assert!(matches!(
             read([(META_HEADER, Some(&b"{"[..]))], b""),
             Err(Foreign::BadMeta(_))

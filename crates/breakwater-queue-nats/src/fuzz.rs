@@ -38,7 +38,18 @@ fn meta() -> impl Strategy<Value = Meta> {
         proptest::option::of(any::<i64>()),
     )
         .prop_map(
-            |(source, event_id, entity_key, headers, received_at_ms, replays, attempts, class, error, dead_at_ms)| Meta {
+            |(
+                source,
+                event_id,
+                entity_key,
+                headers,
+                received_at_ms,
+                replays,
+                attempts,
+                class,
+                error,
+                dead_at_ms,
+            )| Meta {
                 source,
                 event_id,
                 entity_key,
@@ -155,7 +166,16 @@ proptest! {
 
 #[test]
 fn a_count_is_decimal_digits_only() {
-    for bad in [&b""[..], b"-1", b"+1", b" 1", b"01", b"1.0", b"4294967296", b"\xff"] {
+    for bad in [
+        &b""[..],
+        b"-1",
+        b"+1",
+        b" 1",
+        b"01",
+        b"1.0",
+        b"4294967296",
+        b"\xff",
+    ] {
         assert_eq!(attempt_count(bad), None, "{bad:?}");
     }
     assert_eq!(attempt_count(b"0"), Some(0));

@@ -44,7 +44,18 @@ fn meta() -> impl Strategy<Value = Meta> {
         proptest::option::of(any::<i64>()),
     )
         .prop_map(
-            |(source, event_id, entity_key, headers, received_at_ms, replays, attempts, class, error, dead_at_ms)| Meta {
+            |(
+                source,
+                event_id,
+                entity_key,
+                headers,
+                received_at_ms,
+                replays,
+                attempts,
+                class,
+                error,
+                dead_at_ms,
+            )| Meta {
                 source,
                 event_id,
                 entity_key,

@@ -99,7 +99,10 @@ fn now_ms() -> i64 {
 
 /// What a delivery carries: its counts (properties) and its message (the
 /// payload's envelope), or why Breakwater cannot read it.
-fn read_delivery(props: &BasicProperties, payload: &Bytes) -> Result<(Counts, Meta, Bytes), String> {
+fn read_delivery(
+    props: &BasicProperties,
+    payload: &Bytes,
+) -> Result<(Counts, Meta, Bytes), String> {
     let counts = properties::counts(props).map_err(|e| e.to_string())?;
     let (meta, body) = decode(payload).map_err(|e| e.to_string())?;
     Ok((counts, meta, body))

@@ -37,7 +37,18 @@ fn meta() -> impl Strategy<Value = Meta> {
         proptest::option::of(any::<i64>()),
     )
         .prop_map(
-            |(source, event_id, entity_key, headers, received_at_ms, replays, attempts, class, error, dead_at_ms)| Meta {
+            |(
+                source,
+                event_id,
+                entity_key,
+                headers,
+                received_at_ms,
+                replays,
+                attempts,
+                class,
+                error,
+                dead_at_ms,
+            )| Meta {
                 source,
                 event_id,
                 entity_key,
@@ -93,7 +104,8 @@ fn change() -> impl Strategy<Value = Change> {
 /// What SQS would hand over for `out`, changed by `change`: its body, its
 /// `bw-meta`, its `bw-body`.
 fn changed(out: &Outgoing, change: &Change) -> (String, Vec<u8>, Option<&'static str>) {
-    let (mut body, mut meta, mut encoding) = (out.body.clone(), out.meta.clone(), out.body_encoding);
+    let (mut body, mut meta, mut encoding) =
+        (out.body.clone(), out.meta.clone(), out.body_encoding);
     let chars: Vec<char> = body.chars().collect();
     match *change {
         Change::MetaFlip(at, mask) => {

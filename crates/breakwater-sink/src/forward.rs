@@ -464,10 +464,7 @@ impl ForwardTarget {
             http::header::CONTENT_TYPE,
             content_type_value(content_type)?,
         );
-        headers.insert(
-            HeaderName::from_static("idempotency-key"),
-            event_id.clone(),
-        );
+        headers.insert(HeaderName::from_static("idempotency-key"), event_id.clone());
         headers.insert(
             HeaderName::from_static("breakwater-source"),
             id_header_value(event.source)?,

@@ -224,12 +224,7 @@ impl HiddenValues {
 /// `scheme` and `rest` again, with the password of the user info (the
 /// part of `rest` before `userinfo_end`) and the query values `hidden`
 /// says replaced by `<redacted>`.
-fn redacted(
-    scheme: &str,
-    rest: &str,
-    userinfo_end: Option<usize>,
-    hidden: HiddenValues,
-) -> String {
+fn redacted(scheme: &str, rest: &str, userinfo_end: Option<usize>, hidden: HiddenValues) -> String {
     let mut out = String::with_capacity(scheme.len() + rest.len());
     out.push_str(scheme);
     let mut tail = rest;

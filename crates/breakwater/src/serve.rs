@@ -498,6 +498,14 @@ pub async fn start_with(
 ) -> Result<Running, ServeError> {
     let sources = source::compile_all(&config.sources)?;
     warn_exposed_secrets_files(config);
+    for (name, s) in &sources {
+        if let Some(header) = &s.unsigned_event_id {
+            tracing::warn!(source = %name, header = %header,
+                "the event id comes from a header the signature does not cover: a captured \
+                 webhook sent again under a fresh id is applied again; take the id from the \
+                 body (event_id = \"json:/...\") or set dedup_on = \"body\"");
+        }
+    }
     let queue = open_queue(config, OpenMode::Serve).await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();

@@ -187,9 +187,8 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
     page.goto(&elsewhere.url("/"))
         .await
         .expect("open the other page");
-    let breaker_state = async || {
-        http.get(&server.admin_url("/breaker")).await.json()["breaker"]["state"].clone()
-    };
+    let breaker_state =
+        async || http.get(&server.admin_url("/breaker")).await.json()["breaker"]["state"].clone();
     let answered = vec!["fulfilled:opaque".to_owned(); 2];
     let trip_a_day = server.admin_url("/breaker/trip?ttl_secs=86400&note=page");
     assert_eq!(no_cors_posts(&page, &trip_a_day).await, answered);
@@ -239,9 +238,7 @@ async fn the_dashboard_follows_the_breaker_and_replays_a_dead_letter() {
     wait_contains(&page, "dlq", "evt_dashboard").await;
 
     // Tripped from outside (the API): the page follows.
-    let tripped = http
-        .admin_post(&server.admin_url("/breaker/trip"))
-        .await;
+    let tripped = http.admin_post(&server.admin_url("/breaker/trip")).await;
     assert_eq!(tripped.status, StatusCode::OK, "{:?}", tripped.body);
     wait_text(&page, "state", "open").await;
     click(&page, "#reset").await;

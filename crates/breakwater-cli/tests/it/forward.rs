@@ -561,9 +561,7 @@ async fn the_dlq_is_replayed_and_purged_through_the_admin_api() {
     assert_eq!(none.status, StatusCode::NOT_FOUND, "no replay yet");
 
     // Replay while the breaker is open: it waits.
-    let trip = http
-        .admin_post(&server.admin_url("/breaker/trip"))
-        .await;
+    let trip = http.admin_post(&server.admin_url("/breaker/trip")).await;
     assert_eq!(trip.status, StatusCode::OK, "{:?}", trip.body);
     let started = post(
         "/dlq/replay",
@@ -586,9 +584,7 @@ async fn the_dlq_is_replayed_and_purged_through_the_admin_api() {
     );
 
     // Reset: the replay goes on, the webhook is delivered.
-    let reset = http
-        .admin_post(&server.admin_url("/breaker/reset"))
-        .await;
+    let reset = http.admin_post(&server.admin_url("/breaker/reset")).await;
     assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
     let deadline = Instant::now() + Duration::from_secs(20);
     let done = loop {
@@ -777,7 +773,11 @@ async fn a_forward_url_s_password_and_query_values_are_never_shown() {
         .await;
     assert_eq!(story.status, StatusCode::OK, "{:?}", story.body);
     let story = story.json();
-    assert_eq!(story["attempts"].as_array().map(Vec::len), Some(2), "{story}");
+    assert_eq!(
+        story["attempts"].as_array().map(Vec::len),
+        Some(2),
+        "{story}"
+    );
     assert_no_url_secret("GET /events", &story.to_string());
     assert_eq!(
         story["destination"],

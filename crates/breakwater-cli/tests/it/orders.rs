@@ -299,8 +299,6 @@ pub async fn trip(http: &Http, server: &Server) {
 
 /// Hands the breaker back to automatic control (`POST /breaker/reset`).
 pub async fn reset(http: &Http, server: &Server) {
-    let reset = http
-        .admin_post(&server.admin_url("/breaker/reset"))
-        .await;
+    let reset = http.admin_post(&server.admin_url("/breaker/reset")).await;
     assert_eq!(reset.status, StatusCode::OK, "{:?}", reset.body);
 }

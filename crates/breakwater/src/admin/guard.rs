@@ -110,7 +110,11 @@ impl Guard {
         let sent_here = authority
             .zip(host)
             .is_some_and(|(a, host)| !a.is_empty() && a.eq_ignore_ascii_case(host));
-        sent_here || self.own_origins.iter().any(|o| o.eq_ignore_ascii_case(origin))
+        sent_here
+            || self
+                .own_origins
+                .iter()
+                .any(|o| o.eq_ignore_ascii_case(origin))
     }
 }
 

@@ -807,7 +807,10 @@ secrets = ["topsecret"]
         )
         .expect("a forwarding source");
         let shown = toml::to_string(&c.shown().expect("shown")).expect("serializes");
-        assert!(!shown.contains("pw-1") && !shown.contains("tok-1"), "{shown}");
+        assert!(
+            !shown.contains("pw-1") && !shown.contains("tok-1"),
+            "{shown}"
+        );
         assert!(
             shown.contains("http://bw:<redacted>@svc:7000/hooks?token=<redacted>&v=<redacted>"),
             "{shown}"
@@ -857,7 +860,10 @@ secrets = ["topsecret"]
         assert!(err.contains("workers.order"), "{err}");
         assert!(err.contains("rabbitmq"), "{err}");
         let none = parse(&format!("{rabbit}\n[workers]\norder = \"none\"\n")).expect("none");
-        assert_eq!((none.key_order(), none.key_order_warning()), (KeyOrder::None, None));
+        assert_eq!(
+            (none.key_order(), none.key_order_warning()),
+            (KeyOrder::None, None)
+        );
         let off = parse("[workers]\norder = \"none\"\n").expect("none on the log");
         assert_eq!(off.key_order(), KeyOrder::None);
     }

@@ -114,6 +114,10 @@ pub struct Source {
     pub requires_json: bool,
     /// The event id is the signed body's hash ([`DedupOn::Body`]).
     pub dedup_on_body: bool,
+    /// The header the event id comes from when the signature does not
+    /// cover it: a captured delivery sent again under a fresh id is a new
+    /// webhook, applied again (`serve` warns).
+    pub unsigned_event_id: Option<String>,
 }
 
 /// What the ingress extracts from a verified request.
@@ -201,6 +205,10 @@ impl Source {
                 }
             }
         }
+        let unsigned_event_id = match (&event_id, dedup_on(config)) {
+            (Some(id), DedupOn::EventId) => unsigned_header(config.scheme, id),
+            _ => None,
+        };
         Ok(Self {
             name: Arc::from(name.as_str()),
             verifier,
@@ -210,6 +218,7 @@ impl Source {
             kept_headers,
             requires_json: body_format(config) == BodyFormat::Json,
             dedup_on_body: dedup_on(config) == DedupOn::Body,
+            unsigned_event_id,
         })
     }
 
@@ -330,6 +339,20 @@ pub fn signed_content_id(body: &[u8]) -> String {
 }
 
 /// The id of a webhook whose source gives none: `sha256:<hex of body>`.
+/// The header `id` reads when `scheme`'s signature does not cover it. Only
+/// Standard Webhooks signs a header (its id, `webhook-id` or Svix's
+/// `svix-id`); every scheme signs the body.
+fn unsigned_header(scheme: SchemeName, id: &Extractor) -> Option<String> {
+    let signed = |h: &HeaderName| {
+        scheme == SchemeName::Standard && matches!(h.as_str(), "webhook-id" | "svix-id")
+    };
+    match id {
+        Extractor::Json(_) => None,
+        Extractor::Header(h) => (!signed(h)).then(|| h.to_string()),
+        Extractor::FirstHeader(hs) => hs.iter().find(|h| !signed(h)).map(HeaderName::to_string),
+    }
+}
+
 pub fn body_hash_id(body: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(body)))
 }
@@ -570,6 +593,30 @@ mod tests {
         assert_eq!(b.event_id, "-18446744073709551617");
         let c = source.identify(&HeaderMap::new(), br#"{"id": 1.5e3}"#);
         assert_eq!(c.event_id, "1500.0", "a float is rendered as a number");
+    }
+
+    #[test]
+    fn an_event_id_from_a_header_the_signature_does_not_cover_is_named() {
+        let unsigned = |scheme: SchemeName, event_id: Option<&str>, dedup: Option<DedupOn>| {
+            let config = SourceConfig {
+                event_id: event_id.map(str::to_owned),
+                dedup_on: dedup,
+                header: Some("X-Signature".into()),
+                ..SourceConfig::new("s", scheme, vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()])
+            };
+            Source::compile(&config, |_| None).expect("source").unsigned_event_id
+        };
+        let hmac = SchemeName::Hmac;
+        assert_eq!(unsigned(hmac, Some("header:X-Event-Id"), None).as_deref(), Some("x-event-id"));
+        assert_eq!(unsigned(hmac, Some("json:/id"), None), None);
+        assert_eq!(unsigned(hmac, Some("header:X-Event-Id"), Some(DedupOn::Body)), None);
+        assert_eq!(unsigned(SchemeName::Standard, None, None), None, "webhook-id is signed");
+        assert_eq!(unsigned(SchemeName::Stripe, None, None), None, "json:/id");
+        assert_eq!(unsigned(SchemeName::Github, None, None), None, "the body's hash");
+        assert_eq!(
+            unsigned(SchemeName::Github, None, Some(DedupOn::EventId)).as_deref(),
+            Some("x-github-delivery")
+        );
     }
 
     /// Only what the signature covers identifies a delivery: a captured
