@@ -175,9 +175,8 @@ pub(crate) fn compile_all(
 ) -> Result<Compiled, SinkSetupError> {
     let mut out = Compiled::default();
     for (source, spec) in versions {
-        let version = VersionSpec::parse(spec).map_err(|e| {
-            SinkSetupError::Settings(format!("source \"{source}\": version {e}"))
-        })?;
+        let version = VersionSpec::parse(spec)
+            .map_err(|e| SinkSetupError::Settings(format!("source \"{source}\": version {e}")))?;
         out.versions.insert(source.clone(), version);
     }
     for (source, specs) in statements {
@@ -190,7 +189,10 @@ pub(crate) fn compile_all(
             };
             let statement = compile(spec, dialect).map_err(error)?;
             if !out.versions.contains_key(source)
-                && statement.params.iter().any(|p| p.source == ParamSource::Version)
+                && statement
+                    .params
+                    .iter()
+                    .any(|p| p.source == ParamSource::Version)
             {
                 return Err(error(
                     "$version: the source has no version (set version = \"json:/pointer\" or \
@@ -703,16 +705,16 @@ mod tests {
             ParamValue::Null
         );
         assert!(
-            compile(&spec("SELECT $version", &[("version", "json:/v")]), Dialect::Sqlite)
-                .expect_err("declared")
-                .contains("built in")
+            compile(
+                &spec("SELECT $version", &[("version", "json:/v")]),
+                Dialect::Sqlite
+            )
+            .expect_err("declared")
+            .contains("built in")
         );
 
         let mut all = BTreeMap::new();
-        all.insert(
-            "stripe".to_owned(),
-            vec![spec("SELECT $version", &[])],
-        );
+        all.insert("stripe".to_owned(), vec![spec("SELECT $version", &[])]);
         let err = compile_all(&all, &BTreeMap::new(), Dialect::Sqlite).expect_err("no version");
         assert!(err.to_string().contains("$version"), "{err}");
         let mut versions = BTreeMap::new();
@@ -765,7 +767,9 @@ mod tests {
         let mut ev = event(&[], b"{}");
         ev.entity_key = None;
         assert_eq!(
-            e.values(&ev, Some(&json!({})), None).expect_err("no key").kind,
+            e.values(&ev, Some(&json!({})), None)
+                .expect_err("no key")
+                .kind,
             "missing_param"
         );
         // No key because the body is not JSON: the reason says so.

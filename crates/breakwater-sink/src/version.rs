@@ -62,7 +62,12 @@ impl VersionSpec {
             _ => return Ok(None),
         };
         normalise(&value).map(Some).map_err(|why| {
-            let shown: String = value.to_text().unwrap_or_default().chars().take(80).collect();
+            let shown: String = value
+                .to_text()
+                .unwrap_or_default()
+                .chars()
+                .take(80)
+                .collect();
             SinkError::permanent(
                 "invalid_version",
                 format!("version {}: {shown:?} is {why}", self.written),
@@ -140,13 +145,19 @@ mod tests {
     #[test]
     fn integers_digits_and_rfc3339_times_are_versions() {
         let text = |s: &str| normalise(&ParamValue::Text(s.to_owned()));
-        assert_eq!(normalise(&ParamValue::Json(json!(1_700_000_000))), Ok(1_700_000_000));
+        assert_eq!(
+            normalise(&ParamValue::Json(json!(1_700_000_000))),
+            Ok(1_700_000_000)
+        );
         assert_eq!(normalise(&ParamValue::Json(json!(-3))), Ok(-3));
         assert_eq!(text("1700000000"), Ok(1_700_000_000));
         assert_eq!(text(" 42 "), Ok(42));
         // Shopify's updated_at, in its own offset: Unix microseconds.
         assert_eq!(text("2024-01-01T10:00:00-05:00"), Ok(1_704_121_200_000_000));
-        assert_eq!(text("2024-01-01T15:00:00.000001Z"), Ok(1_704_121_200_000_001));
+        assert_eq!(
+            text("2024-01-01T15:00:00.000001Z"),
+            Ok(1_704_121_200_000_001)
+        );
         assert!(text("2024-01-01T10:00:00-05:00") < text("2024-01-01T10:00:01-05:00"));
     }
 
@@ -188,7 +199,10 @@ mod tests {
 
         let bad = vec![("webhook-timestamp".to_owned(), "soon".to_owned())];
         let err = spec.read_raw(&event(&bad, b"{}")).expect_err("refused");
-        assert_eq!((err.class, err.kind), (FailureClass::Permanent, "invalid_version"));
+        assert_eq!(
+            (err.class, err.kind),
+            (FailureClass::Permanent, "invalid_version")
+        );
         assert!(err.message.contains("header:Webhook-Timestamp"), "{err}");
         assert!(err.message.contains("\"soon\""), "{err}");
 

@@ -1035,7 +1035,11 @@ async fn version_guard_supersedes_older_events_of_a_key() {
     );
     assert_eq!(superseded_by(&c, "evt_3").await, None);
     for id in ["evt_2", "evt_1"] {
-        assert_eq!(superseded_by(&c, id).await.as_deref(), Some("evt_3"), "{id}");
+        assert_eq!(
+            superseded_by(&c, id).await.as_deref(),
+            Some("evt_3"),
+            "{id}"
+        );
     }
     match sink.inbox_lookup("shop", "evt_2").await.expect("lookup") {
         breakwater_sink::InboxLookup::Found(r) => {
@@ -1045,14 +1049,26 @@ async fn version_guard_supersedes_older_events_of_a_key() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        applies_shop(&*sink, "evt_2", "7", &shop_body("paid", Some(sent[1].2), 0.0)).await,
+        applies_shop(
+            &*sink,
+            "evt_2",
+            "7",
+            &shop_body("paid", Some(sent[1].2), 0.0)
+        )
+        .await,
         Applied::Duplicate,
         "a superseded event delivered again"
     );
 
     // Another key is not held back by this one's version.
     assert_eq!(
-        applies_shop(&*sink, "evt_8", "8", &shop_body("paid", Some(sent[2].2), 0.0)).await,
+        applies_shop(
+            &*sink,
+            "evt_8",
+            "8",
+            &shop_body("paid", Some(sent[2].2), 0.0)
+        )
+        .await,
         Applied::New
     );
     // An equal version applies, in the order it comes.
@@ -1069,13 +1085,16 @@ async fn version_guard_supersedes_older_events_of_a_key() {
         applies_shop(&*sink, "evt_none", "7", &shop_body("pending", None, 0.0)).await,
         Applied::New
     );
-    assert_eq!(
-        versioned_row(&c, 7).await,
-        ("pending".to_owned(), None, 3)
-    );
+    assert_eq!(versioned_row(&c, 7).await, ("pending".to_owned(), None, 3));
     // A version that is not one: dead-lettered, saying which and why.
     let err = sink
-        .apply(&event("shop", "evt_bad", "7", &[], &shop_body("paid", Some("yesterday"), 0.0)))
+        .apply(&event(
+            "shop",
+            "evt_bad",
+            "7",
+            &[],
+            &shop_body("paid", Some("yesterday"), 0.0),
+        ))
         .await
         .expect_err("not a version");
     assert!(err.is_permanent(), "{err}");
@@ -1141,7 +1160,13 @@ async fn version_guard_orders_two_sessions_of_one_key() {
         );
         assert_eq!(slow.await.expect("first"), Applied::New, "key {key}");
         let (status, _, hits) = versioned_row(&c, key.parse().expect("id")).await;
-        assert_eq!(status, format!("{} {newer}", if first == newer { "first" } else { "second" }));
+        assert_eq!(
+            status,
+            format!(
+                "{} {newer}",
+                if first == newer { "first" } else { "second" }
+            )
+        );
         if first == newer {
             assert_eq!(
                 then,
@@ -1184,7 +1209,10 @@ async fn version_guard_adds_superseded_by_to_an_older_inbox() {
         .expect("connect");
     let newer = shop_body("paid", Some("2024-01-01T10:00:05Z"), 0.0);
     let older = shop_body("pending", Some("2024-01-01T10:00:00Z"), 0.0);
-    assert_eq!(applies_shop(&*sink, "evt_b", "7", &newer).await, Applied::New);
+    assert_eq!(
+        applies_shop(&*sink, "evt_b", "7", &newer).await,
+        Applied::New
+    );
     assert_eq!(
         applies_shop(&*sink, "evt_a", "7", &older).await,
         Applied::Superseded {
@@ -1198,7 +1226,11 @@ async fn version_guard_adds_superseded_by_to_an_older_inbox() {
 #[tokio::test]
 async fn version_parameter_without_a_source_version_fails_setup() {
     let db = TestDb::new().await;
-    db.client().await.batch_execute(VERSIONED).await.expect("schema");
+    db.client()
+        .await
+        .batch_execute(VERSIONED)
+        .await
+        .expect("schema");
     let err = match connect(&db.settings(), &versioned_statements()).await {
         Err(e) => e,
         Ok(_) => panic!("connected without a version for $version"),
