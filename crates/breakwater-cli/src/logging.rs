@@ -23,12 +23,12 @@ use tracing::{Level, Metadata};
 use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
 use tracing_subscriber::prelude::*;
 
-/// How the log is written (`--log-format`).
+/// How the log is written (`--log-format`). The variants carry no doc
+/// comments: clap would list them in every command's `--help` and switch
+/// it to its long layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum LogFormat {
-    /// One human-readable line an event.
     Text,
-    /// One JSON object a line.
     Json,
 }
 
