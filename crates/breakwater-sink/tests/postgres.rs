@@ -882,8 +882,8 @@ async fn a_locked_table_at_startup_times_out_instead_of_hanging() {
 /// spelling `\u0000` applies where no statement hands that value to the
 /// server (the inbox keeps the payload as a JSON string); passed through
 /// `$payload` into jsonb or as a text parameter, it is a permanent failure
-/// of that one message, with the SQLSTATE in its reason, and nothing of
-/// it is committed.
+/// of that one message (kind `data`, with its SQLSTATE), and nothing of it
+/// is committed.
 #[tokio::test]
 async fn a_nul_reaching_jsonb_or_text_is_a_permanent_failure_with_its_sqlstate() {
     let db = TestDb::new().await;
@@ -907,7 +907,8 @@ async fn a_nul_reaching_jsonb_or_text_is_a_permanent_failure_with_its_sqlstate()
             .await
             .expect_err("PostgreSQL refuses U+0000");
         assert!(err.is_permanent(), "{id}: {err}");
-        assert!(err.to_string().contains(sqlstate), "{id}: {err}");
+        assert_eq!(err.code.as_deref(), Some(sqlstate), "{id}: {err}");
+        assert_eq!(err.kind, "data", "{id}: {err}");
         let inbox: i64 = c
             .query_one(
                 "SELECT count(*) FROM breakwater_inbox WHERE event_id = $1",
