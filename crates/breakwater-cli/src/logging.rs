@@ -86,7 +86,8 @@ impl<W> OneLine<W> {
 
 impl<W: Write> Write for OneLine<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.inner.write_all(&escape_controls(buf, self.keep_escape))?;
+        self.inner
+            .write_all(&escape_controls(buf, self.keep_escape))?;
         Ok(buf.len())
     }
 
@@ -103,7 +104,8 @@ fn escape_controls(event: &[u8], keep_escape: bool) -> Cow<'_, [u8]> {
         Some((b'\n', body)) => (body, &b"\n"[..]),
         _ => (event, &b""[..]),
     };
-    let is_c1 = |i: usize| body[i] == 0xC2 && body.get(i + 1).is_some_and(|b| (0x80..=0x9F).contains(b));
+    let is_c1 =
+        |i: usize| body[i] == 0xC2 && body.get(i + 1).is_some_and(|b| (0x80..=0x9F).contains(b));
     let escaped = |i: usize| {
         let b = body[i];
         (b < 0x20 && b != b'\t' && !(keep_escape && b == 0x1B)) || b == 0x7F || is_c1(i)
@@ -148,19 +150,32 @@ mod tests {
             escaped(forged, false),
             "WARN refused source=a\\n2026-12-07T00:00:00Z  INFO breaker reset\\r\n"
         );
-        assert_eq!(escaped("a\u{0}b\u{7f}c\u{85}d\u{2028}\n", false), "a\\x00b\\x7fc\\u{85}d\u{2028}\n");
+        assert_eq!(
+            escaped("a\u{0}b\u{7f}c\u{85}d\u{2028}\n", false),
+            "a\\x00b\\x7fc\\u{85}d\u{2028}\n"
+        );
     }
 
     #[test]
     fn plain_lines_tabs_and_text_are_kept_as_they_are() {
-        for line in ["INFO ready listen=127.0.0.1:8080\n", "tab\there é ü 日本\n", "no newline"] {
-            assert!(matches!(escape_controls(line.as_bytes(), false), Cow::Borrowed(_)));
+        for line in [
+            "INFO ready listen=127.0.0.1:8080\n",
+            "tab\there é ü 日本\n",
+            "no newline",
+        ] {
+            assert!(matches!(
+                escape_controls(line.as_bytes(), false),
+                Cow::Borrowed(_)
+            ));
         }
     }
 
     #[test]
     fn escape_is_kept_only_when_the_formatter_colours() {
-        assert_eq!(escaped("\u{1b}[2mINFO\u{1b}[0m\n", true), "\u{1b}[2mINFO\u{1b}[0m\n");
+        assert_eq!(
+            escaped("\u{1b}[2mINFO\u{1b}[0m\n", true),
+            "\u{1b}[2mINFO\u{1b}[0m\n"
+        );
         assert_eq!(escaped("\u{1b}[2mINFO\n", false), "\\x1b[2mINFO\n");
     }
 
@@ -186,10 +201,22 @@ mod tests {
         }
         static SITE: Site = Site;
         let meta = |target: &'static str, level: Level| {
-            Metadata::new("e", target, level, None, None, None, FieldSet::new(&[], Identifier(&SITE)), Kind::EVENT)
+            Metadata::new(
+                "e",
+                target,
+                level,
+                None,
+                None,
+                None,
+                FieldSet::new(&[], Identifier(&SITE)),
+                Kind::EVENT,
+            )
         };
         assert!(safe_to_log(&meta("breakwater::worker", Level::TRACE)));
-        assert!(safe_to_log(&meta("breakwater_sink::postgres", Level::DEBUG)));
+        assert!(safe_to_log(&meta(
+            "breakwater_sink::postgres",
+            Level::DEBUG
+        )));
         assert!(safe_to_log(&meta("tokio_postgres::query", Level::INFO)));
         assert!(safe_to_log(&meta("hyper_util::client", Level::WARN)));
         assert!(!safe_to_log(&meta("tokio_postgres::query", Level::DEBUG)));

@@ -928,7 +928,11 @@ mod tests {
         assert_eq!(ids(&first), vec![1, 2]);
         assert!(ix.claim(10, 1000, &[], 0).is_empty(), "the rest wait");
         let s = ix.stats(0);
-        assert_eq!((s.visible, s.in_flight), (Some(3), Some(2)), "behind = visible");
+        assert_eq!(
+            (s.visible, s.in_flight),
+            (Some(3), Some(2)),
+            "behind = visible"
+        );
         ix.ack(1, first[0].lease, 0).expect("ack");
         assert_eq!(ids(&ix.claim(10, 1000, &[], 0)), vec![3]);
     }
@@ -940,18 +944,28 @@ mod tests {
         let mut ix = ordered(&["k", "k", "k"], 0);
         let c = ix.claim(10, 100, &[], 0)[0];
         ix.unclaim(c.id, c.lease, 500, true).expect("retry later");
-        assert!(ix.claim(10, 100, &[], 499).is_empty(), "2 and 3 wait for 1's retry");
+        assert!(
+            ix.claim(10, 100, &[], 499).is_empty(),
+            "2 and 3 wait for 1's retry"
+        );
         let c = ix.claim(10, 100, &[], 500)[0];
         assert_eq!(c.id, 1);
         ix.unclaim(c.id, c.lease, 500, false).expect("release");
-        assert!(ix.claim(10, 100, &["k".to_owned()], 500).is_empty(), "parked");
+        assert!(
+            ix.claim(10, 100, &["k".to_owned()], 500).is_empty(),
+            "parked"
+        );
         let c = ix.claim(10, 100, &[], 500)[0];
         assert_eq!(c.id, 1);
         assert!(ix.claim(10, 100, &[], 550).is_empty(), "leased");
         let again = ix.claim(10, 100, &[], 600);
         assert_eq!(ids(&again), vec![1], "its lease lapsed: 1 again, not 2");
         ix.take_dead(1, again[0].lease).expect("dead-lettered");
-        assert_eq!(ids(&ix.claim(10, 100, &[], 600)), vec![2], "the next goes on");
+        assert_eq!(
+            ids(&ix.claim(10, 100, &[], 600)),
+            vec![2],
+            "the next goes on"
+        );
     }
 
     /// At start the records are read back segment by segment; a message
@@ -974,7 +988,10 @@ mod tests {
             visible_at_ms: 900,
         };
         ix.replay(2, loc(3, 400), Record::Carry(m(2), carried), |_| 2, 0);
-        assert!(ix.claim(10, 100, &[], 899).is_empty(), "2 is due at 900; 5 and 6 wait");
+        assert!(
+            ix.claim(10, 100, &[], 899).is_empty(),
+            "2 is due at 900; 5 and 6 wait"
+        );
         let c = ix.claim(10, 100, &[], 900);
         assert_eq!(ids(&c), vec![2]);
         ix.ack(2, c[0].lease, 900).expect("ack");

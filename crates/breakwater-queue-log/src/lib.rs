@@ -221,8 +221,12 @@ impl LogQueue {
             .unwrap_or(i64::MAX / 1000)
             .saturating_mul(1000);
         let started = std::time::Instant::now();
-        let (writer, report) =
-            Writer::open(settings, window_ms, config.dedup_index_max, config.key_order)?;
+        let (writer, report) = Writer::open(
+            settings,
+            window_ms,
+            config.dedup_index_max,
+            config.key_order,
+        )?;
         tracing::info!(
             path = %dir.display(),
             segments = report.segments,

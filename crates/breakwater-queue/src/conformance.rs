@@ -553,19 +553,26 @@ pub async fn key_order_as_declared(h: &dyn Harness) {
     let heads = claim_n(q.as_ref(), 2, LONG_LEASE).await;
     assert_eq!(ids(&heads), ["a1", "b1"].map(String::from).into());
     assert_nothing_delivered(q.as_ref(), Duration::from_millis(200), "a2 waits for a1").await;
-    let a1 = heads.iter().find(|d| d.message.event_id == "a1").expect("a1");
+    let a1 = heads
+        .iter()
+        .find(|d| d.message.event_id == "a1")
+        .expect("a1");
     q.retry_later(&a1.receipt, Duration::from_millis(300), "lock timeout")
         .await
         .expect("retry");
     let back = claim_one(q.as_ref(), LONG_LEASE).await;
     assert_eq!(back.message.event_id, "a1", "a2 waited for a1's retry");
-    q.release(&back.receipt, Duration::ZERO).await.expect("release");
+    q.release(&back.receipt, Duration::ZERO)
+        .await
+        .expect("release");
     let back = claim_one(q.as_ref(), LONG_LEASE).await;
     assert_eq!(back.message.event_id, "a1", "a released head stays first");
     q.ack(&back.receipt).await.expect("ack");
     let next = claim_one(q.as_ref(), LONG_LEASE).await;
     assert_eq!(next.message.event_id, "a2");
-    q.dead_letter(&next.receipt, &poison()).await.expect("dead letter");
+    q.dead_letter(&next.receipt, &poison())
+        .await
+        .expect("dead letter");
     let last = claim_one(q.as_ref(), LONG_LEASE).await;
     assert_eq!(last.message.event_id, "a3", "a dead letter frees its key");
 }

@@ -49,8 +49,8 @@ mod stats;
 pub mod conformance;
 
 pub use backend::{
-    Backend, ConfigProblem, DEFAULT_BACKEND, KeyOrder, OpenMode, QueueSection, SINGLE_NODE_BACKENDS,
-    own_keys_table,
+    Backend, ConfigProblem, DEFAULT_BACKEND, KeyOrder, OpenMode, QueueSection,
+    SINGLE_NODE_BACKENDS, own_keys_table,
 };
 pub use dead_letter::{DeadLetter, DeadLetterReason, DlqPage};
 pub use dlq_search::{DlqFilter, DlqSearch, dlq_search};

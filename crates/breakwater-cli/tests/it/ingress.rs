@@ -89,7 +89,12 @@ async fn a_replayed_delivery_with_new_unsigned_headers_is_a_duplicate() {
     let body = br#"{"action": "opened", "repository": {"id": 99}}"#.to_vec();
     let cases = [
         ("github", Scheme::GitHub, GITHUB_SECRET, "x-github-event"),
-        ("shopify", Scheme::Shopify, SHOPIFY_SECRET, "x-shopify-topic"),
+        (
+            "shopify",
+            Scheme::Shopify,
+            SHOPIFY_SECRET,
+            "x-shopify-topic",
+        ),
     ];
     for (source, scheme, secret, topic) in cases {
         let url = server.url(&format!("/webhooks/{source}"));
@@ -99,10 +104,7 @@ async fn a_replayed_delivery_with_new_unsigned_headers_is_a_duplicate() {
                 breakwater_verify::sign(&scheme, secret, &body, unix_now(), &format!("d-{i}"))
                     .expect("sign");
             if let Some(v) = topic_value {
-                headers.push((
-                    HeaderName::from_static(topic),
-                    HeaderValue::from_static(v),
-                ));
+                headers.push((HeaderName::from_static(topic), HeaderValue::from_static(v)));
             }
             let expected = if i == 0 {
                 StatusCode::ACCEPTED

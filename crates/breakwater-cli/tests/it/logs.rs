@@ -31,7 +31,10 @@ async fn wait_for_status(db: &ScratchDb, id: i64, status: &str) {
         if row.get::<_, String>(0) == status {
             return;
         }
-        assert!(Instant::now() < deadline, "order {id} never became {status}");
+        assert!(
+            Instant::now() < deadline,
+            "order {id} never became {status}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -49,9 +52,7 @@ async fn the_most_verbose_log_carries_no_payload_and_no_credential() {
     let url = db
         .url()
         .replacen("postgres@", &format!("postgres:{PASSWORD}@"), 1);
-    let sandbox = Sandbox::new(
-        &crate::worker::sink_config(&db, "").replace(&db.url(), &url),
-    );
+    let sandbox = Sandbox::new(&crate::worker::sink_config(&db, "").replace(&db.url(), &url));
     let server = Server::start_with_env(&sandbox.config_path(), "all", &[("RUST_LOG", "trace")]);
     let http = Http::default();
     send(&http, &server, "evt_log_1", 7, CARD).await;
@@ -59,7 +60,8 @@ async fn the_most_verbose_log_carries_no_payload_and_no_credential() {
     let mut log = server.startup.clone();
     log.extend(lines(&server, Duration::from_millis(500)));
     assert!(
-        log.iter().any(|l| l.contains("DEBUG") || l.contains("TRACE")),
+        log.iter()
+            .any(|l| l.contains("DEBUG") || l.contains("TRACE")),
         "the log is as verbose as asked"
     );
     let leaks: Vec<&String> = log

@@ -602,17 +602,37 @@ mod tests {
                 event_id: event_id.map(str::to_owned),
                 dedup_on: dedup,
                 header: Some("X-Signature".into()),
-                ..SourceConfig::new("s", scheme, vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()])
+                ..SourceConfig::new(
+                    "s",
+                    scheme,
+                    vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()],
+                )
             };
-            Source::compile(&config, |_| None).expect("source").unsigned_event_id
+            Source::compile(&config, |_| None)
+                .expect("source")
+                .unsigned_event_id
         };
         let hmac = SchemeName::Hmac;
-        assert_eq!(unsigned(hmac, Some("header:X-Event-Id"), None).as_deref(), Some("x-event-id"));
+        assert_eq!(
+            unsigned(hmac, Some("header:X-Event-Id"), None).as_deref(),
+            Some("x-event-id")
+        );
         assert_eq!(unsigned(hmac, Some("json:/id"), None), None);
-        assert_eq!(unsigned(hmac, Some("header:X-Event-Id"), Some(DedupOn::Body)), None);
-        assert_eq!(unsigned(SchemeName::Standard, None, None), None, "webhook-id is signed");
+        assert_eq!(
+            unsigned(hmac, Some("header:X-Event-Id"), Some(DedupOn::Body)),
+            None
+        );
+        assert_eq!(
+            unsigned(SchemeName::Standard, None, None),
+            None,
+            "webhook-id is signed"
+        );
         assert_eq!(unsigned(SchemeName::Stripe, None, None), None, "json:/id");
-        assert_eq!(unsigned(SchemeName::Github, None, None), None, "the body's hash");
+        assert_eq!(
+            unsigned(SchemeName::Github, None, None),
+            None,
+            "the body's hash"
+        );
         assert_eq!(
             unsigned(SchemeName::Github, None, Some(DedupOn::EventId)).as_deref(),
             Some("x-github-delivery")
@@ -626,7 +646,11 @@ mod tests {
     fn unsigned_headers_do_not_change_the_identity() {
         let body = br#"{"id": 820982911946154508}"#;
         for (scheme, topic, delivery) in [
-            (SchemeName::Shopify, "x-shopify-topic", "x-shopify-webhook-id"),
+            (
+                SchemeName::Shopify,
+                "x-shopify-topic",
+                "x-shopify-webhook-id",
+            ),
             (SchemeName::Github, "x-github-event", "x-github-delivery"),
         ] {
             let config = SourceConfig::new("s", scheme, vec!["s".into()]);
@@ -640,8 +664,16 @@ mod tests {
                 h
             };
             let first = source.identify(&headers(Some("orders/create"), "w-1"), body);
-            for (t, d) in [(Some("orders/paid"), "w-2"), (Some("push2"), "w-3"), (None, "w-4")] {
-                assert_eq!(source.identify(&headers(t, d), body), first, "{scheme:?} {t:?}");
+            for (t, d) in [
+                (Some("orders/paid"), "w-2"),
+                (Some("push2"), "w-3"),
+                (None, "w-4"),
+            ] {
+                assert_eq!(
+                    source.identify(&headers(t, d), body),
+                    first,
+                    "{scheme:?} {t:?}"
+                );
             }
             assert_eq!(first.event_id, body_hash_id(body));
         }
