@@ -2,8 +2,20 @@
 //! `Queue`): claims under a lease with a token, a lease that lapses makes
 //! the message visible again, settles only with the current token, retries
 //! count an attempt, releases do not, the DLQ keeps its reason.
+//!
+//! With [`KeyOrder::Key`] (the default, as on the segment log) it keeps
+//! the log's key lines (`breakwater-queue-log/src/lines.rs`): per entity
+//! key, only the head of its line (its lowest queued id; ids follow
+//! acceptance) is ever in the ready index, so only the head can be
+//! claimed. A retried, released or lapsed head stays the head; an ack or a
+//! dead letter takes it out of its line and puts the next id in the ready
+//! index, at its own (earlier) visible time. Messages behind a head count
+//! as visible, as the log's stats count them. With [`KeyOrder::None`] any
+//! visible message may be claimed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+pub use breakwater::queue::KeyOrder;
 
 use crate::schedule::Ms;
 
@@ -27,6 +39,9 @@ pub struct QMsg {
     pub token: u64,
     pub attempts: u32,
     pub receives: u32,
+    /// Behind the head of its key's line: not claimable, not in the ready
+    /// index.
+    pub behind: bool,
 }
 
 /// A claimed message.
@@ -40,22 +55,71 @@ pub struct Delivery {
     pub receives: u32,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SimQueue {
     pub msgs: Vec<QMsg>,
-    /// Every queued message by `(visible_at, id)`: the ready index.
+    /// Every claimable queued message by `(visible_at, id)`: the ready
+    /// index (with key order, of keyed messages only the heads).
     queued: BTreeSet<(Ms, u32)>,
     /// Queued messages under a lease.
     leased: u64,
     next_token: u64,
     pub acked: u64,
     pub dead: u64,
+    /// With key order: per key, its queued ids in acceptance order, the
+    /// head first.
+    lines: Option<BTreeMap<u32, VecDeque<u32>>>,
+    /// Messages behind a head.
+    behind: u64,
+}
+
+impl Default for SimQueue {
+    fn default() -> Self {
+        Self::new(KeyOrder::default())
+    }
 }
 
 impl SimQueue {
+    pub fn new(order: KeyOrder) -> Self {
+        Self {
+            msgs: Vec::new(),
+            queued: BTreeSet::new(),
+            leased: 0,
+            next_token: 0,
+            acked: 0,
+            dead: 0,
+            lines: match order {
+                KeyOrder::Key => Some(BTreeMap::new()),
+                KeyOrder::None => None,
+            },
+            behind: 0,
+        }
+    }
+
+    /// The order it keeps.
+    pub fn order(&self) -> KeyOrder {
+        if self.lines.is_some() {
+            KeyOrder::Key
+        } else {
+            KeyOrder::None
+        }
+    }
+
     pub fn enqueue(&mut self, key: Option<u32>, poison: bool, now: Ms) -> u32 {
         let id = u32::try_from(self.msgs.len()).unwrap_or(u32::MAX);
-        self.queued.insert((now, id));
+        let behind = match (self.lines.as_mut(), key) {
+            (Some(lines), Some(key)) => {
+                let line = lines.entry(key).or_default();
+                line.push_back(id);
+                line.len() > 1
+            }
+            _ => false,
+        };
+        if behind {
+            self.behind += 1;
+        } else {
+            self.queued.insert((now, id));
+        }
         self.msgs.push(QMsg {
             id,
             key,
@@ -65,6 +129,7 @@ impl SimQueue {
             token: 0,
             attempts: 0,
             receives: 0,
+            behind,
         });
         id
     }
@@ -117,7 +182,8 @@ impl SimQueue {
         m.token = token;
     }
 
-    /// Settles `id` for good.
+    /// Settles `id` for good; with key order, the next of its key's line
+    /// becomes claimable.
     fn finish(&mut self, id: u32, state: QState) {
         let m = &mut self.msgs[id as usize];
         self.queued.remove(&(m.visible_at, id));
@@ -126,13 +192,35 @@ impl SimQueue {
         }
         m.token = 0;
         m.state = state;
+        let key = m.key;
+        let (Some(lines), Some(key)) = (self.lines.as_mut(), key) else {
+            return;
+        };
+        let Some(line) = lines.get_mut(&key) else {
+            return;
+        };
+        debug_assert_eq!(line.front(), Some(&id), "only a head is settled");
+        line.pop_front();
+        match line.front().copied() {
+            Some(next) => {
+                let n = &mut self.msgs[next as usize];
+                n.behind = false;
+                self.behind -= 1;
+                self.queued.insert((n.visible_at, next));
+            }
+            None => {
+                lines.remove(&key);
+            }
+        }
     }
 
     /// The message if `token` still holds its lease.
     fn leased(&mut self, id: u32, token: u64, now: Ms) -> Option<&mut QMsg> {
         self.msgs
             .get_mut(id as usize)
-            .filter(|m| m.state == QState::Queued && m.token == token && m.visible_at > now)
+            .filter(|m| {
+                m.state == QState::Queued && !m.behind && m.token == token && m.visible_at > now
+            })
     }
 
     pub fn ack(&mut self, id: u32, token: u64, now: Ms) -> bool {
@@ -180,15 +268,16 @@ impl SimQueue {
 
     /// Visible, in flight (leased), delayed: as `stats` counts them.
     /// (A lapsed lease counts as visible; the leases counted in flight
-    /// may include it, so in flight is at most the rest.)
+    /// may include it, so in flight is at most the rest. Messages behind a
+    /// head count as visible, as on the segment log.)
     pub fn counts(&self, now: Ms) -> (u64, u64, u64) {
         let total = self.queued.len() as u64;
         let visible = self.queued.range(..=(now, u32::MAX)).count() as u64;
         let in_flight = self.leased.min(total - visible);
-        (visible, in_flight, total - visible - in_flight)
+        (visible + self.behind, in_flight, total - visible - in_flight)
     }
 
     pub fn unsettled(&self) -> usize {
-        self.queued.len()
+        self.queued.len() + usize::try_from(self.behind).unwrap_or(usize::MAX)
     }
 }
