@@ -90,12 +90,15 @@ pub struct SimDb {
     pub effects: Vec<u32>,
     /// Applies that committed (first or duplicate).
     pub commits: u64,
+    /// The applies whose statements ran (first commits, not duplicates),
+    /// in the order they committed: when, which message.
+    pub applies: Vec<(Ms, u32)>,
 }
 
 impl SimDb {
-    /// A planned success commits: the first time the statements run, after
-    /// that the inbox answers duplicate.
-    pub fn commit(&mut self, id: u32) -> Applied {
+    /// A planned success commits at `now`: the first time the statements
+    /// run, after that the inbox answers duplicate.
+    pub fn commit(&mut self, id: u32, now: Ms) -> Applied {
         let i = id as usize;
         if self.effects.len() <= i {
             self.effects.resize(i + 1, 0);
@@ -105,6 +108,7 @@ impl SimDb {
             Applied::Duplicate
         } else {
             self.effects[i] = 1;
+            self.applies.push((now, id));
             Applied::New
         }
     }

@@ -26,7 +26,14 @@
 //!   always dead-lettered; nothing healthy is dead-lettered
 //!   as `permanent`; a schedule of poison alone never opens a breaker;
 //!   every node's breaker is closed within [`recovery_bound_ms`] of the
-//!   last fault's end.
+//!   last fault's end;
+//! - at the end, with key order (`workers.order = "key"`, the default, as
+//!   on the segment log; [`run_with`] takes `none`): per entity key, the
+//!   statements that ran (first commits, not duplicates) ran in acceptance
+//!   order. A dead-lettered message drops out (the next of its key goes
+//!   on without it); messages without a key are unordered. With
+//!   `none` the check still counts what came out of order
+//!   ([`Report::reorders`]) but breaks no promise.
 
 pub mod db;
 pub mod fleet;
@@ -43,7 +50,7 @@ use rand::{Rng, SeedableRng};
 
 use fleet::Store;
 use node::{Broken, Node};
-use queue::{QState, SimQueue};
+use queue::{KeyOrder, QState, SimQueue};
 use schedule::{Ms, Schedule, TRAFFIC_MS};
 
 /// A run ends once everything is settled, or at this time at the latest.
@@ -84,6 +91,13 @@ pub struct Report {
     pub nodes: Vec<(State, u32, usize, usize)>,
     /// Applies running at the end: message id, started, due to end.
     pub running: Vec<(u32, Ms, Ms)>,
+    /// The order the queue kept.
+    pub order: KeyOrder,
+    /// Applies of keyed messages checked for order (acked ones).
+    pub ordered_applies: usize,
+    /// Of those, applies that ran after a later-accepted message of their
+    /// key had run.
+    pub reorders: usize,
     pub violations: Vec<Broken>,
 }
 
@@ -107,12 +121,30 @@ pub struct Batch {
     pub leases_taken: u64,
     /// Probes that hung past every deadline.
     pub hung_probes: usize,
+    /// Keyed applies checked for order; those out of acceptance order, and
+    /// the seeds that had any.
+    pub ordered_applies: usize,
+    pub reorders: usize,
+    pub reordered_seeds: u64,
     /// Seeds that broke a promise, with the first one broken.
     pub failed: Vec<(u64, Broken)>,
 }
 
-/// Runs seeds `start..start + count` on `threads` threads.
+/// The order the simulated queue keeps by default: the service's default
+/// (`key`, on the segment log).
+pub fn default_order() -> KeyOrder {
+    Config::default().key_order()
+}
+
+/// Runs seeds `start..start + count` on `threads` threads, with the
+/// default order.
 pub fn run_many(start: u64, count: u64, threads: usize) -> Batch {
+    run_many_with(start, count, threads, default_order())
+}
+
+/// Runs seeds `start..start + count` on `threads` threads, the queue
+/// keeping `order`.
+pub fn run_many_with(start: u64, count: u64, threads: usize, order: KeyOrder) -> Batch {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicU64, Ordering};
     let next = AtomicU64::new(start);
@@ -129,7 +161,7 @@ pub fn run_many(start: u64, count: u64, threads: usize) -> Batch {
                     if seed >= end {
                         break;
                     }
-                    let r = run(seed);
+                    let r = run_with(seed, order);
                     let mut b = batch
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -141,6 +173,9 @@ pub fn run_many(start: u64, count: u64, threads: usize) -> Batch {
                     b.fleet_seeds += u64::from(r.schedule.fleet);
                     b.leases_taken += r.leases_taken;
                     b.hung_probes += r.hung_probes;
+                    b.ordered_applies += r.ordered_applies;
+                    b.reorders += r.reorders;
+                    b.reordered_seeds += u64::from(r.reorders > 0);
                     if let Some(first) = r.violations.into_iter().next() {
                         b.failed.push((seed, first));
                     }
@@ -161,7 +196,8 @@ impl std::fmt::Display for Batch {
             f,
             "{} seeds: {} webhooks accepted, {} dead-lettered as poison, {} exhausted, {} duplicate \
              applies (no effect), {} breaker transitions; {} seeds in fleet mode ({} controller \
-             leases taken); {} probes hung past every deadline; {} seed(s) broke a promise",
+             leases taken); {} probes hung past every deadline; {} keyed applies checked for \
+             order, {} out of acceptance order (in {} seeds); {} seed(s) broke a promise",
             self.seeds,
             self.accepted,
             self.dead_permanent,
@@ -171,6 +207,9 @@ impl std::fmt::Display for Batch {
             self.fleet_seeds,
             self.leases_taken,
             self.hung_probes,
+            self.ordered_applies,
+            self.reorders,
+            self.reordered_seeds,
             self.failed.len()
         )?;
         for (seed, broken) in self.failed.iter().take(20) {
@@ -184,8 +223,13 @@ impl std::fmt::Display for Batch {
     }
 }
 
-/// Runs `seed`.
+/// Runs `seed` with the default order.
 pub fn run(seed: u64) -> Report {
+    run_with(seed, default_order())
+}
+
+/// Runs `seed`, the queue keeping `order`.
+pub fn run_with(seed: u64, order: KeyOrder) -> Report {
     let mut rng = SmallRng::seed_from_u64(seed);
     let schedule = Schedule::draw(seed, &mut rng);
     let config = Config::default();
@@ -205,7 +249,7 @@ pub fn run(seed: u64) -> Report {
             )
         })
         .collect();
-    let mut queue = SimQueue::default();
+    let mut queue = SimQueue::new(order);
     let mut db = db::SimDb::default();
     let mut store = schedule.fleet.then(|| Store::new(base));
     let mut violations = Vec::new();
@@ -334,6 +378,9 @@ fn finish(
             .map(|n| (n.breaker.state(), n.breaker.limit(), n.running(), n.held()))
             .collect(),
         running: nodes.iter().flat_map(Node::running_applies).collect(),
+        order: queue.order(),
+        ordered_applies: 0,
+        reorders: 0,
         violations: Vec::new(),
         schedule,
     };
@@ -411,6 +458,65 @@ fn finish(
             }
         }
     }
+    let order = check_order(queue, db);
+    report.ordered_applies = order.checked;
+    report.reorders = order.reorders;
+    if let (KeyOrder::Key, Some((at, what))) = (report.order, order.first) {
+        violations.push(Broken {
+            at,
+            what: format!(
+                "{what}; {} of {} keyed applies out of acceptance order",
+                order.reorders, order.checked
+            ),
+        });
+    }
     report.violations = violations;
     report
+}
+
+/// What [`check_order`] found.
+struct OrderCheck {
+    checked: usize,
+    reorders: usize,
+    /// The first apply out of order: when, and what.
+    first: Option<(Ms, String)>,
+}
+
+/// Per entity key, the statements that ran (first commits, in commit
+/// order) must follow acceptance (message ids). Dead-lettered messages
+/// drop out, and messages without a key are unordered. An apply that runs
+/// after a later-accepted message of its key has run is out of order.
+fn check_order(queue: &SimQueue, db: &db::SimDb) -> OrderCheck {
+    let mut newest = std::collections::BTreeMap::<u32, u32>::new();
+    let mut found = OrderCheck {
+        checked: 0,
+        reorders: 0,
+        first: None,
+    };
+    for &(at, id) in &db.applies {
+        let Some(m) = queue.msgs.get(id as usize) else {
+            continue;
+        };
+        let Some(key) = m.key else { continue };
+        if matches!(m.state, QState::Dead(_)) {
+            continue;
+        }
+        found.checked += 1;
+        let last = newest.entry(key).or_insert(id);
+        if *last > id {
+            found.reorders += 1;
+            if found.first.is_none() {
+                found.first = Some((
+                    at,
+                    format!(
+                        "key {key}: message {id} applied at {at} ms, after message {} accepted later",
+                        *last
+                    ),
+                ));
+            }
+        } else {
+            *last = id;
+        }
+    }
+    found
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use breakwater_sim::queue::KeyOrder;
 use clap::Parser;
 
 /// Deterministic simulation of Breakwater's breaker, lanes and settle
@@ -28,15 +29,29 @@ struct Args {
     /// Threads (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// The order the simulated queue keeps: `key` (the default, as on the
+    /// segment log) or `none` (applies out of acceptance order are then
+    /// counted, not a broken promise).
+    #[arg(long, value_parser = parse_order)]
+    order: Option<KeyOrder>,
+}
+
+fn parse_order(s: &str) -> Result<KeyOrder, String> {
+    match s {
+        "key" => Ok(KeyOrder::Key),
+        "none" => Ok(KeyOrder::None),
+        _ => Err(format!("`{s}`: expected `key` or `none`")),
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let order = args.order.unwrap_or_else(breakwater_sim::default_order);
     if let Some(seed) = args.seed {
         if let Some(id) = args.trace {
             breakwater_sim::node::TRACE.store(u64::from(id) + 1, Ordering::Relaxed);
         }
-        let report = breakwater_sim::run(seed);
+        let report = breakwater_sim::run_with(seed, order);
         println!("{:#?}", report.schedule);
         print_report(seed, &report);
         for (i, (state, limit, running, held)) in report.nodes.iter().enumerate() {
@@ -61,9 +76,9 @@ fn main() -> ExitCode {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let started = Instant::now();
-    let batch = breakwater_sim::run_many(args.start, args.seeds, threads);
+    let batch = breakwater_sim::run_many_with(args.start, args.seeds, threads, order);
     println!(
-        "seeds {}..{} in {:.1} s on {threads} thread(s)",
+        "seeds {}..{} with order {order:?} in {:.1} s on {threads} thread(s)",
         args.start,
         args.start.saturating_add(args.seeds),
         started.elapsed().as_secs_f64()
@@ -78,12 +93,15 @@ fn main() -> ExitCode {
 
 fn print_report(seed: u64, r: &breakwater_sim::Report) {
     println!(
-        "seed {seed}: {} accepted, {} applied, {} dead-lettered permanent, {} exhausted, {} duplicate applies, {} transitions, {} probes, {} controller leases taken, {} compare-and-sets lost, ended at {} ms: {}",
+        "seed {seed} (order {:?}): {} accepted, {} applied, {} dead-lettered permanent, {} exhausted, {} duplicate applies, {} of {} keyed applies out of acceptance order, {} transitions, {} probes, {} controller leases taken, {} compare-and-sets lost, ended at {} ms: {}",
+        r.order,
         r.accepted,
         r.applied,
         r.dead_permanent,
         r.dead_exhausted,
         r.duplicates,
+        r.reorders,
+        r.ordered_applies,
         r.transitions,
         r.probes,
         r.leases_taken,

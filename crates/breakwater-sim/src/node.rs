@@ -153,7 +153,7 @@ impl Node {
     pub fn crash(&mut self, db: &mut SimDb, rng: &mut SmallRng, seed: u64, now: Ms) {
         for r in self.running.drain(..) {
             if r.planned.result.is_ok() && rng.random_bool(0.5) {
-                db.commit(r.job.delivery.id);
+                db.commit(r.job.delivery.id, now);
             }
         }
         let fresh = Node::new(
@@ -567,7 +567,7 @@ impl Node {
                         what: format!("poison message {} was applied", job.delivery.id),
                     });
                 }
-                Ok(db.commit(job.delivery.id))
+                Ok(db.commit(job.delivery.id, now))
             }
             Err(e) => Err(e),
         };

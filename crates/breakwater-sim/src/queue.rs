@@ -135,7 +135,8 @@ impl SimQueue {
     }
 
     /// Up to `n` visible messages whose key is not in `skip`, oldest
-    /// visible first, each under a lease of `lease` ms.
+    /// visible first, each under a lease of `lease` ms (with key order,
+    /// only heads of their key's line are in the ready index).
     pub fn claim(&mut self, n: usize, lease: Ms, skip: &[u32], now: Ms) -> Vec<Delivery> {
         let ready: Vec<u32> = self
             .queued
@@ -279,5 +280,60 @@ impl SimQueue {
 
     pub fn unsettled(&self) -> usize {
         self.queued.len() + usize::try_from(self.behind).unwrap_or(usize::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(d: &[Delivery]) -> Vec<u32> {
+        d.iter().map(|d| d.id).collect()
+    }
+
+    #[test]
+    fn with_key_order_only_the_head_is_claimed_until_it_is_acked_or_dead() {
+        let mut q = SimQueue::new(KeyOrder::Key);
+        let a = q.enqueue(Some(7), false, 0);
+        let b = q.enqueue(Some(7), false, 1);
+        let c = q.enqueue(Some(7), false, 2);
+        let other = q.enqueue(Some(8), false, 3);
+        let none = q.enqueue(None, false, 4);
+        assert_eq!(q.counts(10), (5, 0, 0));
+        let got = q.claim(10, 1_000, &[], 10);
+        assert_eq!(ids(&got), vec![a, other, none]);
+        // Retried: still the head, and nothing of its key meanwhile.
+        assert!(q.retry_later(a, got[0].token, 100, 20));
+        assert!(q.claim(10, 1_000, &[], 50).is_empty());
+        let again = q.claim(10, 1_000, &[], 120);
+        assert_eq!(ids(&again), vec![a]);
+        // Released: still the head.
+        assert!(q.release(a, again[0].token, 0, 130));
+        let again = q.claim(10, 1_000, &[], 130);
+        assert_eq!(ids(&again), vec![a]);
+        // Lapsed: still the head.
+        let lapsed = q.claim(10, 1_000, &[], 1_200);
+        assert_eq!(ids(&lapsed), vec![a]);
+        assert!(!q.ack(a, again[0].token, 1_200), "a lapsed token settles nothing");
+        // Acked: the next one goes on.
+        assert!(q.ack(a, lapsed[0].token, 1_210));
+        let next = q.claim(10, 1_000, &[], 1_210);
+        assert_eq!(ids(&next), vec![b]);
+        // Dead-lettered: the next one goes on too.
+        assert!(q.dead_letter(b, next[0].token, "exhausted", 1_220));
+        assert_eq!(ids(&q.claim(10, 1_000, &[7], 1_220)), Vec::<u32>::new());
+        assert_eq!(ids(&q.claim(10, 1_000, &[], 1_220)), vec![c]);
+        assert_eq!(q.unsettled(), 3);
+    }
+
+    #[test]
+    fn without_key_order_any_visible_message_is_claimed() {
+        let mut q = SimQueue::new(KeyOrder::None);
+        let a = q.enqueue(Some(7), false, 0);
+        let b = q.enqueue(Some(7), false, 1);
+        let got = q.claim(1, 1_000, &[], 10);
+        assert_eq!(ids(&got), vec![a]);
+        assert!(q.retry_later(a, got[0].token, 100, 20));
+        assert_eq!(ids(&q.claim(10, 1_000, &[], 20)), vec![b]);
     }
 }

@@ -568,7 +568,7 @@ impl Dispatcher {
             let apply_ms = took.as_millis() as u64;
             // One line per event settled (no payload, no secret).
             tracing::debug!(source = %m.source, event_id = %m.event_id, outcome,
-                attempt = m.attempts + 1, apply_ms, "settled");
+                attempt = m.attempts.saturating_add(1), apply_ms, "settled");
             if journal.capacity() == 0 {
                 return;
             }
@@ -577,7 +577,7 @@ impl Dispatcher {
                 &m.event_id,
                 AttemptRecord {
                     at_ms: wall_clock_ms(),
-                    attempt: m.attempts + 1,
+                    attempt: m.attempts.saturating_add(1),
                     outcome: outcome.to_owned(),
                     class: failure.map(|e| e.class.as_str().to_owned()),
                     kind: failure.map(|e| e.kind.to_owned()),
@@ -624,8 +624,8 @@ impl Dispatcher {
                 let error = match &result {
                     Err(e) if class == "exhausted" => {
                         tracing::warn!(source = %m.source, event_id = %m.event_id, error = %e,
-                            attempts = m.attempts + 1, "retries exhausted: dead-lettered");
-                        format!("after {} attempts: {e}", m.attempts + 1)
+                            attempts = m.attempts.saturating_add(1), "retries exhausted: dead-lettered");
+                        format!("after {} attempts: {e}", m.attempts.saturating_add(1))
                     }
                     Err(e) => {
                         // Its message may quote the payload: the DLQ entry

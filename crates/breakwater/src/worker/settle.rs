@@ -111,7 +111,7 @@ pub fn decide(
             delay: Duration::ZERO,
             note: "the breaker opened meanwhile: back untried",
         }
-    } else if facts.attempts + 1 >= facts.max_attempts && !dependency_trouble() {
+    } else if facts.attempts.saturating_add(1) >= facts.max_attempts && !dependency_trouble() {
         Settle::DeadLetter {
             class: "exhausted",
             note: "retries exhausted",
@@ -192,6 +192,23 @@ mod tests {
             breaker_class(&lock, false, false, || unreachable!()),
             OutcomeClass::Dependency
         );
+    }
+
+    /// A count a broker's metadata carries may be anything, `u32::MAX`
+    /// too: it is past every limit, never an overflow.
+    #[test]
+    fn an_attempt_count_at_its_maximum_is_exhausted_without_overflow() {
+        let f = SettleFacts {
+            attempts: u32::MAX,
+            ..facts()
+        };
+        assert!(matches!(
+            decide(&failed("statement_timeout"), &f, || false),
+            Settle::DeadLetter {
+                class: "exhausted",
+                ..
+            }
+        ));
     }
 
     #[test]
