@@ -15,84 +15,10 @@
 //!   twice, is refused;
 //! - arbitrary headers and values never panic and never read as a message.
 
-use breakwater_queue::envelope::Meta;
+use breakwater_queue::fuzz::{change, changed, meta};
 use proptest::prelude::*;
 
 use crate::wire::{self, META_HEADER, NOT_BEFORE_HEADER, RELEASES_HEADER, Read};
-
-/// Any text, control characters and all.
-fn text() -> impl Strategy<Value = String> {
-    proptest::collection::vec(any::<char>(), 0..24).prop_map(String::from_iter)
-}
-
-fn meta() -> impl Strategy<Value = Meta> {
-    (
-        text(),
-        text(),
-        proptest::option::of(text()),
-        proptest::collection::vec((text(), text()), 0..4),
-        any::<i64>(),
-        any::<u32>(),
-        any::<u32>(),
-        proptest::option::of(text()),
-        proptest::option::of(text()),
-        proptest::option::of(any::<i64>()),
-    )
-        .prop_map(
-            |(
-                source,
-                event_id,
-                entity_key,
-                headers,
-                received_at_ms,
-                replays,
-                attempts,
-                class,
-                error,
-                dead_at_ms,
-            )| Meta {
-                source,
-                event_id,
-                entity_key,
-                headers,
-                received_at_ms,
-                replays,
-                attempts,
-                class,
-                error,
-                dead_at_ms,
-            },
-        )
-}
-
-/// One change to bytes: one replaced (xor with a non-zero mask), cut at a
-/// point, or one put in at a point.
-#[derive(Debug, Clone)]
-enum Change {
-    Flip(usize, u8),
-    Cut(usize),
-    Insert(usize, u8),
-}
-
-fn change() -> impl Strategy<Value = Change> {
-    prop_oneof![
-        (any::<usize>(), 1u8..=255).prop_map(|(at, mask)| Change::Flip(at, mask)),
-        any::<usize>().prop_map(Change::Cut),
-        (any::<usize>(), any::<u8>()).prop_map(|(at, b)| Change::Insert(at, b)),
-    ]
-}
-
-fn apply(bytes: &mut Vec<u8>, change: &Change) {
-    match *change {
-        Change::Flip(at, mask) if !bytes.is_empty() => {
-            let at = at % bytes.len();
-            bytes[at] ^= mask;
-        }
-        Change::Flip(..) => {}
-        Change::Cut(at) => bytes.truncate(at % (bytes.len() + 1)),
-        Change::Insert(at, b) => bytes.insert(at % (bytes.len() + 1), b),
-    }
-}
 
 /// Which part of a record a change hits.
 #[derive(Debug, Clone, Copy)]
@@ -161,11 +87,11 @@ proptest! {
             Some(name) => {
                 for (k, v) in &mut headers {
                     if *k == name {
-                        apply(v, &change);
+                        *v = changed(v, &change);
                     }
                 }
             }
-            None => apply(&mut value_changed, &change),
+            None => value_changed = changed(&value_changed, &change),
         }
         if let Ok(back) = read(&headers, &value_changed) {
             prop_assert_eq!(&back.meta, &meta, "{:?} of {:?} read as another message", change, part);

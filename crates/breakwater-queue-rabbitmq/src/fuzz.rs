@@ -16,93 +16,18 @@
 //!   0).
 
 use breakwater_queue::ATTEMPTS_HEADER;
-use breakwater_queue::envelope::{Meta, encode};
+use breakwater_queue::envelope::encode;
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use breakwater_queue::fuzz::{change, changed, meta};
 use proptest::prelude::*;
 
 use crate::properties::{self, Counts, RELEASES_HEADER};
 use crate::read_delivery;
 
-/// Any text, control characters and all.
-fn text() -> impl Strategy<Value = String> {
-    proptest::collection::vec(any::<char>(), 0..24).prop_map(String::from_iter)
-}
-
-fn meta() -> impl Strategy<Value = Meta> {
-    (
-        text(),
-        text(),
-        proptest::option::of(text()),
-        proptest::collection::vec((text(), text()), 0..4),
-        any::<i64>(),
-        any::<u32>(),
-        any::<u32>(),
-        proptest::option::of(text()),
-        proptest::option::of(text()),
-        proptest::option::of(any::<i64>()),
-    )
-        .prop_map(
-            |(
-                source,
-                event_id,
-                entity_key,
-                headers,
-                received_at_ms,
-                replays,
-                attempts,
-                class,
-                error,
-                dead_at_ms,
-            )| Meta {
-                source,
-                event_id,
-                entity_key,
-                headers,
-                received_at_ms,
-                replays,
-                attempts,
-                class,
-                error,
-                dead_at_ms,
-            },
-        )
-}
-
 fn counts() -> impl Strategy<Value = Counts> {
     (any::<u32>(), any::<u32>()).prop_map(|(attempts, releases)| Counts { attempts, releases })
-}
-
-/// One change to a payload: a byte replaced (xor with a non-zero mask),
-/// the payload cut at a point, or a byte put in at a point.
-#[derive(Debug, Clone)]
-enum Change {
-    Flip(usize, u8),
-    Cut(usize),
-    Insert(usize, u8),
-}
-
-fn change() -> impl Strategy<Value = Change> {
-    prop_oneof![
-        (any::<usize>(), 1u8..=255).prop_map(|(at, mask)| Change::Flip(at, mask)),
-        any::<usize>().prop_map(Change::Cut),
-        (any::<usize>(), any::<u8>()).prop_map(|(at, b)| Change::Insert(at, b)),
-    ]
-}
-
-fn apply(payload: &[u8], change: &Change) -> Vec<u8> {
-    let mut out = payload.to_vec();
-    match *change {
-        Change::Flip(at, mask) if !out.is_empty() => {
-            let at = at % out.len();
-            out[at] ^= mask;
-        }
-        Change::Flip(..) => {}
-        Change::Cut(at) => out.truncate(at % (out.len() + 1)),
-        Change::Insert(at, b) => out.insert(at % (out.len() + 1), b),
-    }
-    out
 }
 
 /// Any AMQP value a header can hold.
@@ -174,7 +99,7 @@ proptest! {
         change in change(),
     ) {
         let payload = encode(&meta, &body);
-        let changed = Bytes::from(apply(&payload, &change));
+        let changed = Bytes::from(changed(&payload, &change));
         if let Ok((_, back, back_body)) = read_delivery(&BasicProperties::default(), &changed) {
             prop_assert_eq!(
                 (&back, &back_body[..]),

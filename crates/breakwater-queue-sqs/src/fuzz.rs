@@ -13,55 +13,10 @@
 //! - arbitrary attributes and bodies never panic and never read as a
 //!   message.
 
-use breakwater_queue::envelope::Meta;
+use breakwater_queue::fuzz::{meta, text};
 use proptest::prelude::*;
 
 use crate::wire::{Incoming, Outgoing};
-
-/// Any text, control characters and all.
-fn text() -> impl Strategy<Value = String> {
-    proptest::collection::vec(any::<char>(), 0..24).prop_map(String::from_iter)
-}
-
-fn meta() -> impl Strategy<Value = Meta> {
-    (
-        text(),
-        text(),
-        proptest::option::of(text()),
-        proptest::collection::vec((text(), text()), 0..4),
-        any::<i64>(),
-        any::<u32>(),
-        any::<u32>(),
-        proptest::option::of(text()),
-        proptest::option::of(text()),
-        proptest::option::of(any::<i64>()),
-    )
-        .prop_map(
-            |(
-                source,
-                event_id,
-                entity_key,
-                headers,
-                received_at_ms,
-                replays,
-                attempts,
-                class,
-                error,
-                dead_at_ms,
-            )| Meta {
-                source,
-                event_id,
-                entity_key,
-                headers,
-                received_at_ms,
-                replays,
-                attempts,
-                class,
-                error,
-                dead_at_ms,
-            },
-        )
-}
 
 /// A body: text SQS carries as it is, or any bytes (base64), or none.
 fn body() -> impl Strategy<Value = Vec<u8>> {

@@ -47,6 +47,8 @@ mod stats;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "conformance")]
+pub mod fuzz;
 
 pub use backend::{
     Backend, ConfigProblem, DEFAULT_BACKEND, KeyOrder, OpenMode, QueueSection,

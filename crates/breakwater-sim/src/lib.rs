@@ -9,7 +9,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | [`schedule`] | the fault schedule a seed draws |
-//! | [`queue`] | the simulated queue |
+//! | [`queue`] | the simulated queue, with the segment log's key lines (order per entity key) |
 //! | [`db`] | the simulated database and its inbox |
 //! | [`node`] | one worker process: the real control code driven as the dispatcher and controller drive it, and the promises checked at every step |
 //! | [`fleet`] | fleet mode: the shared record, the controller lease, fleet-wide probe slots, a store that is lost |
@@ -519,4 +519,39 @@ fn check_order(queue: &SimQueue, db: &db::SimDb) -> OrderCheck {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Key 5: messages 0, 1, 3 (2 has no key, 4 of key 5 is dead-lettered
+    /// after it ran). Applies 0, 3, 2, 4, 1: message 1 ran after 3; the
+    /// dead-lettered 4 and the keyless 2 drop out.
+    #[test]
+    fn the_order_check_counts_applies_after_a_later_accepted_one() {
+        let mut queue = SimQueue::new(KeyOrder::None);
+        for key in [Some(5), Some(5), None, Some(5), Some(5)] {
+            queue.enqueue(key, false, 0);
+        }
+        let mut db = db::SimDb::default();
+        for (at, id) in [(10, 0), (20, 3), (30, 2), (40, 4), (50, 1)] {
+            db.commit(id, at);
+        }
+        for d in queue.claim(10, 1_000, &[], 60) {
+            if d.id == 4 {
+                queue.dead_letter(d.id, d.token, "exhausted", 60);
+            } else {
+                queue.ack(d.id, d.token, 60);
+            }
+        }
+        let found = check_order(&queue, &db);
+        assert_eq!((found.checked, found.reorders), (3, 1));
+        let (at, what) = found.first.unwrap_or_default();
+        assert_eq!(at, 50);
+        assert!(
+            what.contains("message 1 applied at 50 ms, after message 3"),
+            "{what}"
+        );
+    }
 }

@@ -46,15 +46,11 @@ fn without_key_order_the_order_check_catches_reorderings() {
     // Without order, reorderings are counted, not a broken promise; every
     // other promise still holds.
     assert!(batch.failed.is_empty(), "{batch}");
-    // The same seeds with key order: none out of order.
-    let kept = breakwater_sim::run_many_with(0, SEEDS_WITHOUT_ORDER, threads, KeyOrder::Key);
-    assert_eq!(kept.reorders, 0, "{kept}");
-    assert!(kept.failed.is_empty(), "{kept}");
 }
 
-/// Seeds of the batch without key order (the 10,000 of the main batch keep
-/// it, and already run these seeds).
-const SEEDS_WITHOUT_ORDER: u64 = 300;
+/// Seeds of the batch without key order (a fiftieth of the main batch,
+/// which runs the same seeds with key order and finds none out of order).
+const SEEDS_WITHOUT_ORDER: u64 = 200;
 
 /// One seed replays exactly: the same schedule, the same outcome (seed 31
 /// alone; seed 6457 a fleet whose store is lost and a wall clock jumps).
