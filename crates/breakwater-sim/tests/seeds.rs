@@ -74,7 +74,9 @@ fn replays_exactly(seed: u64) {
             a.transitions,
             a.probes,
             a.leases_taken,
-            a.cas_lost
+            a.cas_lost,
+            a.ordered_applies,
+            a.reorders
         ),
         (
             b.accepted,
@@ -84,7 +86,9 @@ fn replays_exactly(seed: u64) {
             b.transitions,
             b.probes,
             b.leases_taken,
-            b.cas_lost
+            b.cas_lost,
+            b.ordered_applies,
+            b.reorders
         )
     );
     assert!(a.transitions > 0, "seed {seed} has an outage");
