@@ -810,13 +810,19 @@ impl Dispatcher {
         }
     }
 
-    /// Waits for an apply to end, a breaker transition, `timeout`, or stop.
+    /// Waits for an apply to end, a settlement to reach the queue, a
+    /// breaker transition, `timeout`, or stop.
     async fn wait(&mut self, stop: &mut watch::Receiver<bool>, timeout: Duration) {
         let controller = Arc::clone(&self.controller);
         tokio::select! {
             Some(joined) = self.running.join_next_with_id(), if !self.running.is_empty() => {
                 self.joined(joined);
             }
+            // A settlement reached the queue: with key order, an ack or a
+            // dead letter is what makes its key's next message claimable,
+            // so a held key's backlog drains at the queue's pace, not one
+            // message per idle wait.
+            Some(_) = self.settling.join_next(), if !self.settling.is_empty() => {}
             () = controller.changed() => {}
             () = tokio::time::sleep(timeout) => {}
             _ = stop.wait_for(|s| *s) => {}
