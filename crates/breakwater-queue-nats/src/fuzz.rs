@@ -14,8 +14,8 @@
 //! - distinct (source, event id) pairs never share a `Nats-Msg-Id`.
 
 use breakwater_queue::envelope::{decode, encode};
-use bytes::Bytes;
 use breakwater_queue::fuzz::{change, changed, meta, text};
+use bytes::Bytes;
 use proptest::prelude::*;
 
 use crate::{attempt_count, msg_id};

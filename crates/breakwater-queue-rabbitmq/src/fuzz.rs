@@ -17,10 +17,10 @@
 
 use breakwater_queue::ATTEMPTS_HEADER;
 use breakwater_queue::envelope::encode;
+use breakwater_queue::fuzz::{change, changed, meta};
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use breakwater_queue::fuzz::{change, changed, meta};
 use proptest::prelude::*;
 
 use crate::properties::{self, Counts, RELEASES_HEADER};
