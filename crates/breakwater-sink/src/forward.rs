@@ -705,6 +705,19 @@ pub(crate) fn classify(
     )
 }
 
+impl ForwardTarget {
+    /// Sends each event's version, read as `spec` says (`json:/pointer` or
+    /// `header:Name`), in a `breakwater-version` header; `None`: no header.
+    /// The receiver decides what an older version means.
+    pub fn with_version(mut self, spec: Option<&str>) -> Result<Self, SinkSetupError> {
+        self.version = spec
+            .map(crate::version::VersionSpec::parse)
+            .transpose()
+            .map_err(|e| crate::SinkSetupError::Settings(format!("version {e}")))?;
+        Ok(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

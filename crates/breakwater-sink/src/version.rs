@@ -19,9 +19,8 @@
 
 use serde_json::Value;
 
-use crate::forward::ForwardTarget;
 use crate::statement::{ParamSource, ParamValue, header, parse_body};
-use crate::{Event, SinkError, SinkSetupError};
+use crate::{Event, SinkError};
 
 /// Where a source's events carry their version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,19 +107,6 @@ pub(crate) fn normalise(value: &ParamValue) -> Result<i64, String> {
         }
         ParamValue::Null | ParamValue::Json(Value::Null) => Err(format!("null, not {WANTED}")),
         ParamValue::Json(_) => Err(format!("not {WANTED}")),
-    }
-}
-
-impl ForwardTarget {
-    /// Sends each event's version, read as `spec` says (`json:/pointer` or
-    /// `header:Name`), in a `breakwater-version` header; `None`: no header.
-    /// The receiver decides what an older version means.
-    pub fn with_version(mut self, spec: Option<&str>) -> Result<Self, SinkSetupError> {
-        self.version = spec
-            .map(VersionSpec::parse)
-            .transpose()
-            .map_err(|e| SinkSetupError::Settings(format!("version {e}")))?;
-        Ok(self)
     }
 }
 
