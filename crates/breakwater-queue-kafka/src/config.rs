@@ -52,6 +52,10 @@ pub struct KafkaConfig {
     /// `sasl.username`, `sasl.password`, `ssl.ca.location`, ...
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub librdkafka: BTreeMap<String, String>,
+    /// The order claims keep (`workers.order`, set by the service; not a
+    /// `[queue]` key).
+    #[serde(skip)]
+    pub key_order: breakwater_queue::KeyOrder,
 }
 
 impl Default for KafkaConfig {
@@ -68,6 +72,7 @@ impl Default for KafkaConfig {
             commit_interval_ms: 250,
             dlq_scan_max: 10_000,
             librdkafka: BTreeMap::new(),
+            key_order: breakwater_queue::KeyOrder::default(),
         }
     }
 }

@@ -9,8 +9,8 @@
 //! | `claim` | take from what the pump thread fetched; the lease is kept here, and a lapsed one is handed out again |
 //! | `extend_leases` | pushes the local lease out |
 //! | `ack` | mark the offset finished; commits go up to the lowest unfinished offset of each partition |
-//! | `retry_later` | produce to the retry tier with the attempt count + 1 and the time it is due, then mark finished |
-//! | `release` | no delay: back to the front of the fetched records; a delay: produce to the retry tier (attempts unchanged), then mark finished |
+//! | `retry_later` | key order and a keyed record: held here, unfinished, with the attempt count + 1 until it is due ([`keys`]); else produce to the retry tier with the attempt count + 1 and the time it is due, then mark finished |
+//! | `release` | no delay: back to the front of the fetched records; a delay: as a retry, attempts unchanged |
 //! | `dead_letter` | produce to `<name>.dlq` keyed by a new id, with class and reason, then mark finished |
 //! | `set_flow` | paused: every assigned partition paused while the pump keeps polling (the consumer stays in its group); half-open: as many partitions of the topic as probes; flowing: all |
 //! | `dlq_*` | read the compacted dead-letter topic; a replay or a purge writes a tombstone |
@@ -22,7 +22,18 @@
 //! old receipt settles nothing. A crashed process's unfinished records are
 //! read again by whoever gets the partition, from the last commit.
 //!
-//! **Retries.** A retry or a delayed release is a copy on the smallest
+//! **Key order** (`workers.order = "key"`, the default). The entity key
+//! chooses the partition, and one consumer of the group owns a partition,
+//! so a key's records reach one process in the order they were produced.
+//! There only a key's head is handed out; its later records wait behind
+//! it until it is applied or dead-lettered, and its retries and delayed
+//! releases wait in the process rather than on a tier ([`keys`]). The
+//! partition's commit holds at a record waiting for its retry, so a
+//! crash or a rebalance reads the key's records again from it, in order;
+//! its attempt count, kept in the process meanwhile, starts again there.
+//!
+//! **Retries.** Without key order, or for a record without a key, a
+//! retry or a delayed release is a copy on the smallest
 //! tier topic at least as long as its delay, carrying the time it is due;
 //! the workers' group reads the tiers too, and holds a tier's partition
 //! paused while the record at its head is not due. No partition of the
@@ -34,6 +45,7 @@ mod dlq;
 #[cfg(test)]
 mod fuzz;
 mod gate;
+mod keys;
 mod names;
 mod offsets;
 mod pump;
@@ -217,7 +229,7 @@ impl KafkaQueue {
                 url: url.to_owned(),
                 config: config.clone(),
                 timeout,
-                shared: Arc::new(Shared::new(names, config.max_fetched)),
+                shared: Arc::new(Shared::new(names, config.max_fetched, config.key_order)),
                 producer: std::sync::RwLock::new(producer),
                 lone,
                 partitions,
@@ -408,14 +420,48 @@ impl Inner {
     /// The claim is settled: its record is finished.
     fn settle(&self, token: &Token) -> Result<(), QueueError> {
         let mut st = self.shared.state();
-        st.outstanding
+        let c = st
+            .outstanding
             .remove(&token.claim)
             .ok_or_else(|| lease_lost(token))?;
-        st.finish(token.tp, token.offset);
+        st.finish_claimed(&c.polled);
+        drop(st);
+        self.shared.settled.notify_waiters();
+        self.shared.arrived.notify_waiters();
+        Ok(())
+    }
+
+    /// Settles a claim by holding its record here, unfinished and still
+    /// its key's head, until `delay` passed (key order: a retry or a
+    /// delayed release of a keyed record). False, touching nothing, when
+    /// the record is not held here ([`pump::State::holds_here`]).
+    fn hold_here(
+        &self,
+        token: &Token,
+        delay: Duration,
+        change: impl FnOnce(&mut wire::Read),
+    ) -> Result<bool, QueueError> {
+        let mut st = self.shared.state();
+        let c = st
+            .outstanding
+            .get(&token.claim)
+            .ok_or_else(|| lease_lost(token))?;
+        if !st.holds_here(&c.polled) {
+            return Ok(false);
+        }
+        let Some(mut c) = st.outstanding.remove(&token.claim) else {
+            return Err(lease_lost(token));
+        };
+        if let Ok(read) = c.polled.read.as_mut() {
+            change(read);
+        }
+        let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+        let due = now_ms().saturating_add(delay_ms).saturating_add(1);
+        st.here.insert((due, token.claim), c.polled);
         st.dirty = true;
         drop(st);
         self.shared.settled.notify_waiters();
-        Ok(())
+        Ok(true)
     }
 
     /// Settles a claim by a copy elsewhere: on a tier (a retry or a delayed
@@ -818,19 +864,32 @@ impl Queue for KafkaQueue {
         error: &str,
     ) -> Result<(), QueueError> {
         let _ = error;
+        let token = receipt.token::<Token>().ok_or(QueueError::ForeignReceipt)?;
+        let count = |read: &mut wire::Read| {
+            read.meta.attempts = read.meta.attempts.saturating_add(1);
+        };
+        if self.inner.hold_here(token, delay, count)? {
+            return Ok(());
+        }
         self.inner
-            .move_to(receipt, Destination::After(delay), |m| m.attempts += 1)
+            .move_to(receipt, Destination::After(delay), |m| {
+                m.attempts = m.attempts.saturating_add(1);
+            })
             .await
     }
 
     async fn release(&self, receipt: &Receipt, delay: Duration) -> Result<(), QueueError> {
+        let token = receipt.token::<Token>().ok_or(QueueError::ForeignReceipt)?;
+        let count = |read: &mut wire::Read| read.releases = read.releases.saturating_add(1);
+        if !delay.is_zero() && self.inner.hold_here(token, delay, count)? {
+            return Ok(());
+        }
         if !delay.is_zero() {
             return self
                 .inner
                 .move_to(receipt, Destination::ReleasedFor(delay), |_| {})
                 .await;
         }
-        let token = receipt.token::<Token>().ok_or(QueueError::ForeignReceipt)?;
         let mut st = self.inner.shared.state();
         let c = st
             .outstanding
@@ -888,24 +947,21 @@ impl Queue for KafkaQueue {
         let dead = self.dlq_count().await?;
         let st = self.inner.shared.state();
         let (mut visible, mut delayed) = (0u64, 0u64);
-        let mut fetched: std::collections::HashMap<Tp, u64> = std::collections::HashMap::new();
-        for p in &st.buffered {
-            *fetched.entry(p.tp).or_default() += 1;
-        }
         for (tp, high, committed) in lags {
-            let waiting = st.waiting.get(&tp).map_or(0, |w| w.len() as u64);
-            let ready = fetched.get(&tp).copied().unwrap_or(0);
+            let held = st.held_of(tp);
             // Here: what is fetched and not claimed, and what is not
             // fetched yet; elsewhere: everything past the commit.
-            let (ready, waiting, unread) = match st.offsets.get(&tp).and_then(|o| o.next()) {
-                Some(next) => (ready, waiting, (high - next).max(0) as u64),
-                None => (0, 0, (high - committed).max(0) as u64),
+            let (held, unread) = match st.offsets.get(&tp).and_then(|o| o.next()) {
+                Some(next) => (held, (high - next).max(0) as u64),
+                None => (pump::Held::default(), (high - committed).max(0) as u64),
             };
+            // A retry waiting here is delayed, on whichever topic.
+            delayed += held.here;
             if tp.0.is_tier() {
-                visible += ready;
-                delayed += waiting + unread;
+                visible += held.ready;
+                delayed += held.waiting + unread;
             } else {
-                visible += ready + waiting + unread;
+                visible += held.ready + held.waiting + unread;
             }
         }
         Ok(QueueStats {
@@ -1073,13 +1129,21 @@ impl Backend for KafkaBackend {
         &["librdkafka"]
     }
 
+    /// The key chooses the partition, one consumer of the group owns a
+    /// partition, and a keyed record's retry waits in that consumer ahead
+    /// of its key's later records (`keys.rs`).
+    fn keeps_key_order(&self, _section: &QueueSection) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn open(
         &self,
         section: &QueueSection,
         mode: OpenMode,
     ) -> Result<Arc<dyn Queue>, QueueError> {
-        let (url, name, config) =
+        let (url, name, mut config) =
             Self::config(section).map_err(|e| QueueError::Storage(e.to_string()))?;
+        config.key_order = section.key_order;
         Ok(Arc::new(
             KafkaQueue::open(&url, &name, &config, mode).await?,
         ))

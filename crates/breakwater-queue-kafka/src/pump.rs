@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use breakwater_queue::KeyOrder;
 use bytes::Bytes;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::{Headers, Message as _};
@@ -33,6 +34,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{Notify, watch};
 
 use crate::gate::{Gate, TIER_HOLD, Tp};
+use crate::keys::KeyLines;
 use crate::names::Names;
 use crate::offsets::PartitionOffsets;
 use crate::wire::{self, Foreign, Read};
@@ -41,6 +43,11 @@ use crate::wire::{self, Foreign, Read};
 const POLL_WAIT: Duration = Duration::from_millis(10);
 /// Most records taken from the consumer under one lock.
 const POLL_BATCH: usize = 256;
+/// Records waiting behind their key's head weigh this much less in the
+/// fetch window than records that may be claimed: a held key's backlog
+/// does not pause the partitions (and the other keys on them) until it is
+/// this many windows long.
+const BEHIND_SHARE: usize = 16;
 
 /// A record taken from the consumer.
 #[derive(Debug, Clone)]
@@ -56,6 +63,18 @@ impl Polled {
     fn due_at_ms(&self) -> i64 {
         self.read.as_ref().map_or(0, |r| r.not_before_ms)
     }
+}
+
+/// What a process holds of one partition and has not handed out, for the
+/// stats.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Held {
+    /// Fetched and claimable, or waiting behind its key's head.
+    pub(crate) ready: u64,
+    /// A tier's records waiting for their time.
+    pub(crate) waiting: u64,
+    /// Retries and delayed releases waiting here (key order).
+    pub(crate) here: u64,
 }
 
 /// A claimed record.
@@ -76,6 +95,11 @@ pub(crate) struct State {
     /// Tier records whose time has not come, per partition, soonest first.
     pub(crate) waiting: HashMap<Tp, Waiting>,
     pub(crate) outstanding: HashMap<u64, Claimed>,
+    /// With key order: the key lines ([`KeyLines`]).
+    pub(crate) lines: Option<KeyLines>,
+    /// With key order: retries and delayed releases of keyed records,
+    /// waiting here (unfinished, their key held) by (due, claim).
+    pub(crate) here: BTreeMap<(i64, u64), Polled>,
     pub(crate) next_claim: u64,
     /// The flow generation asked for; the pump publishes the one applied.
     pub(crate) wanted: u64,
@@ -84,7 +108,7 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(max_fetched: usize) -> Self {
+    pub(crate) fn new(max_fetched: usize, key_order: KeyOrder) -> Self {
         Self {
             gate: Gate::new(max_fetched),
             offsets: BTreeMap::new(),
@@ -92,17 +116,33 @@ impl State {
             buffered: VecDeque::new(),
             waiting: HashMap::new(),
             outstanding: HashMap::new(),
+            lines: (key_order == KeyOrder::Key).then(KeyLines::default),
+            here: BTreeMap::new(),
             next_claim: 1,
             wanted: 0,
             dirty: true,
         }
     }
 
-    /// Messages fetched and not claimed: what the window bounds. Claims
-    /// are bounded by the workers (running, and held behind their key);
-    /// retries waiting for their time by [`TIER_HOLD`] per tier partition.
+    /// Messages fetched and not claimed: what the window bounds (those
+    /// behind their key's head at [`BEHIND_SHARE`]). Claims are bounded by
+    /// the workers (running, and held behind their key); retries waiting
+    /// for their time by [`TIER_HOLD`] per tier partition, or here by the
+    /// keys held.
     fn held(&self) -> usize {
-        self.buffered.len()
+        let behind = self.lines.as_ref().map_or(0, KeyLines::behind_len);
+        self.buffered.len() + behind / BEHIND_SHARE
+    }
+
+    /// A record that may be handed out once its key lets it.
+    fn to_buffer(&mut self, p: Polled) {
+        let p = match self.lines.as_mut() {
+            Some(lines) => lines.admit(p),
+            None => Some(p),
+        };
+        if let Some(p) = p {
+            self.buffered.push_back(p);
+        }
     }
 
     /// A record from the consumer; false when it is dropped (a partition no
@@ -122,23 +162,36 @@ impl State {
                 .insert((due, polled.offset), polled);
             self.dirty = true;
         } else {
-            self.buffered.push_back(polled);
+            self.to_buffer(polled);
         }
         true
     }
 
-    /// Moves the tier records whose time has come to the buffer.
+    /// Moves the tier records, and the records held here, whose time has
+    /// come to the buffer (those held here at its front: each is its key's
+    /// head).
     fn release_due(&mut self, now_ms: i64) -> bool {
-        let mut moved = false;
+        let mut due = Vec::new();
         for waiting in self.waiting.values_mut() {
             while waiting
                 .first_key_value()
                 .is_some_and(|((due, _), _)| *due <= now_ms)
             {
-                if let Some((_, p)) = waiting.pop_first() {
-                    self.buffered.push_back(p);
-                    moved = true;
-                }
+                due.extend(waiting.pop_first().map(|(_, p)| p));
+            }
+        }
+        let mut moved = !due.is_empty();
+        for p in due {
+            self.to_buffer(p);
+        }
+        while self
+            .here
+            .first_key_value()
+            .is_some_and(|((due, _), _)| *due <= now_ms)
+        {
+            if let Some((_, p)) = self.here.pop_first() {
+                self.buffered.push_front(p);
+                moved = true;
             }
         }
         if moved {
@@ -151,6 +204,36 @@ impl State {
     pub(crate) fn finish(&mut self, tp: Tp, offset: i64) {
         if let Some(o) = self.offsets.get_mut(&tp) {
             o.finish(offset);
+        }
+    }
+
+    /// A claimed record is done with (applied, dead-lettered, moved to a
+    /// retry tier): the next record of its key may be handed out.
+    pub(crate) fn finish_claimed(&mut self, p: &Polled) {
+        self.finish(p.tp, p.offset);
+        if let Some(next) = self.lines.as_mut().and_then(|l| l.finish(p)) {
+            self.buffered.push_front(next);
+        }
+        self.dirty = true;
+    }
+
+    /// With key order, whether `p` waits here for a retry or a delayed
+    /// release rather than on a retry tier: it has a key, whose later
+    /// records must wait for it.
+    pub(crate) fn holds_here(&self, p: &Polled) -> bool {
+        self.lines.is_some() && crate::keys::key_of(p).is_some()
+    }
+
+    /// What this process holds of `tp`, not claimed.
+    pub(crate) fn held_of(&self, tp: Tp) -> Held {
+        let count = |n: usize| n as u64;
+        Held {
+            ready: count(
+                self.buffered.iter().filter(|p| p.tp == tp).count()
+                    + self.lines.as_ref().map_or(0, |l| l.behind_of(tp)),
+            ),
+            waiting: count(self.waiting.get(&tp).map_or(0, |w| w.len())),
+            here: count(self.here.values().filter(|p| p.tp == tp).count()),
         }
     }
 
@@ -171,6 +254,13 @@ impl State {
         self.buffered.retain(|p| !revoked.contains(&p.tp));
         self.outstanding
             .retain(|_, c| !revoked.contains(&c.polled.tp));
+        self.here.retain(|_, p| !revoked.contains(&p.tp));
+        let heads = self
+            .lines
+            .as_mut()
+            .map(|l| l.revoke(revoked))
+            .unwrap_or_default();
+        self.buffered.extend(heads);
         self.dirty = true;
         commits
     }
@@ -241,10 +331,10 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(names: Names, max_fetched: usize) -> Self {
+    pub(crate) fn new(names: Names, max_fetched: usize, key_order: KeyOrder) -> Self {
         Self {
             names,
-            state: Mutex::new(State::new(max_fetched)),
+            state: Mutex::new(State::new(max_fetched, key_order)),
             arrived: Notify::new(),
             settled: Notify::new(),
             applied: watch::channel(0).0,

@@ -67,6 +67,10 @@ impl Harness for Kafka {
     fn short_lease(&self) -> Duration {
         Duration::from_millis(500)
     }
+
+    fn keeps_key_order(&self) -> bool {
+        true
+    }
 }
 
 breakwater_queue::conformance_tests!(Kafka::new());

@@ -25,12 +25,12 @@ use crate::worker::sink_config;
 /// binary, and two fleets at once on a 2-core machine measure the machine
 /// (a hot-row test beside another fleet's start missed its 1 s lag target
 /// by 1 ms in CI, against 50-200 ms alone or beside the lab tests).
-async fn one_fleet_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+pub(crate) async fn one_fleet_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static ONE_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     ONE_FLEET.lock().await
 }
 
-fn shared_redis() -> String {
+pub(crate) fn shared_redis() -> String {
     std::env::var("BREAKWATER_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
@@ -39,7 +39,7 @@ fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
-fn unique_prefix() -> String {
+pub(crate) fn unique_prefix() -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     format!(
         "bwit:{}:{}",
@@ -370,7 +370,7 @@ impl Fleet {
     }
 }
 
-fn start_node(sandbox: &Sandbox, role: &str, node: &str, env: &[(&str, &str)]) -> Server {
+pub(crate) fn start_node(sandbox: &Sandbox, role: &str, node: &str, env: &[(&str, &str)]) -> Server {
     let mut env = env.to_vec();
     env.push(("BREAKWATER_FLEET_NODE_ID", node));
     Server::start_with_env(&sandbox.config_path(), role, &env)

@@ -19,12 +19,12 @@ use crate::orders::{
 use crate::utils::*;
 use crate::worker::sink_config;
 
-fn kafka_url() -> String {
+pub(crate) fn kafka_url() -> String {
     std::env::var("BREAKWATER_TEST_KAFKA_URL").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
 /// Topics of the test's own on the local broker.
-fn queue() -> BrokerQueue {
+pub(crate) fn queue() -> BrokerQueue {
     BrokerQueue::new("kafka", |name| {
         KafkaQueue::destroy_blocking(&kafka_url(), name)
     })
@@ -32,7 +32,7 @@ fn queue() -> BrokerQueue {
 
 /// The `[queue]` table for `queue` at `url`: two partitions, a short
 /// session so a killed worker's partitions move on soon.
-fn queue_toml(queue: &BrokerQueue, url: &str) -> String {
+pub(crate) fn queue_toml(queue: &BrokerQueue, url: &str) -> String {
     format!(
         "{}partitions = 2\nsession_timeout_ms = 6000\ncommit_interval_ms = 100\n",
         queue.toml(url)

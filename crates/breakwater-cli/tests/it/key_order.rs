@@ -1,16 +1,41 @@
-//! Order per entity key through the real binary, the segment log and a
-//! real PostgreSQL: each order's webhooks are sent one after another
-//! (each waits for its 2xx), and the statements must run in that order
-//! through a locked row, a transient failure and a `kill -9`, so every
-//! row ends at its last accepted state.
+//! Order per entity key through the real binary and a real PostgreSQL,
+//! on the segment log and on Kafka: each order's webhooks are sent one
+//! after another (each waits for its 2xx), and the statements must run in
+//! that order through a locked row, a transient failure, a `kill -9` and
+//! (Kafka) a fleet of three worker processes, so every row ends at its
+//! last accepted state.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
+use crate::orders::BrokerQueue;
 use crate::pg::ScratchDb;
 use crate::utils::*;
+
+/// The queue a test runs on.
+#[derive(Debug, Clone, Copy)]
+enum On {
+    /// The segment log under the sandbox.
+    Log,
+    /// Topics of the test's own on the local Kafka (two partitions).
+    Kafka,
+}
+
+/// A sandbox with the test's config on `on`, and the broker queue it uses
+/// (deleted when dropped, after the sandbox's processes).
+fn sandbox(db: &ScratchDb, on: On, extra: &str) -> (Sandbox, Option<BrokerQueue>) {
+    let config = format!("{}{extra}", config(db));
+    match on {
+        On::Log => (Sandbox::new(&config), None),
+        On::Kafka => {
+            let queue = crate::kafka::queue();
+            let toml = crate::kafka::queue_toml(&queue, &crate::kafka::kafka_url());
+            (Sandbox::with_queue(&toml, &config), Some(queue))
+        }
+    }
+}
 
 /// Orders, and a log of every statement run: `run` is the order the
 /// statements ran in, `seq` the order the webhooks were accepted in.
@@ -131,9 +156,18 @@ async fn assert_in_order(db: &ScratchDb, sent: &BTreeMap<i64, i32>) {
 /// once the lock lifts; the other orders are not held up meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_rows_webhooks_run_in_acceptance_order_once_it_frees() {
+    a_locked_rows_webhooks_run_in_order(On::Log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_a_locked_rows_webhooks_run_in_acceptance_order() {
+    a_locked_rows_webhooks_run_in_order(On::Kafka).await;
+}
+
+async fn a_locked_rows_webhooks_run_in_order(on: On) {
     let db = ScratchDb::create().await;
     db.client.batch_execute(SCHEMA).await.expect("schema");
-    let sandbox = Sandbox::new(&config(&db));
+    let (sandbox, queue) = sandbox(&db, on, "");
     let server = sandbox.start();
     let http = Http::default();
 
@@ -159,6 +193,7 @@ async fn a_locked_rows_webhooks_run_in_acceptance_order_once_it_frees() {
     assert_in_order(&db, &sent).await;
     assert_eq!(queue_stats(&http, &server).await["dead_lettered"], 0);
     drop(server);
+    drop(queue);
     db.drop_db().await;
 }
 
@@ -167,13 +202,22 @@ async fn a_locked_rows_webhooks_run_in_acceptance_order_once_it_frees() {
 /// runs in acceptance order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn later_webhooks_of_a_key_wait_for_one_being_retried() {
+    later_webhooks_wait_for_a_retry(On::Log).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_later_webhooks_of_a_key_wait_for_one_being_retried() {
+    later_webhooks_wait_for_a_retry(On::Kafka).await;
+}
+
+async fn later_webhooks_wait_for_a_retry(on: On) {
     let db = ScratchDb::create().await;
     db.client.batch_execute(SCHEMA).await.expect("schema");
     db.client
         .batch_execute("INSERT INTO flaky_target VALUES (2, 3, 3)")
         .await
         .expect("flaky");
-    let sandbox = Sandbox::new(&config(&db));
+    let (sandbox, queue) = sandbox(&db, on, "");
     let server = sandbox.start();
     let http = Http::default();
     let mut sent = BTreeMap::new();
@@ -193,6 +237,7 @@ async fn later_webhooks_of_a_key_wait_for_one_being_retried() {
     assert!(failed >= 3, "the chosen webhook failed ({failed} draws)");
     assert_in_order(&db, &sent).await;
     drop(server);
+    drop(queue);
     db.drop_db().await;
 }
 
@@ -201,9 +246,20 @@ async fn later_webhooks_of_a_key_wait_for_one_being_retried() {
 /// acceptance order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_survives_a_kill_9_while_a_key_waits() {
+    order_survives_a_kill_9(On::Log).await;
+}
+
+/// On Kafka the restarted worker reads from the last commit, which held
+/// at 1042's unfinished head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_order_survives_a_kill_9_while_a_key_waits() {
+    order_survives_a_kill_9(On::Kafka).await;
+}
+
+async fn order_survives_a_kill_9(on: On) {
     let db = ScratchDb::create().await;
     db.client.batch_execute(SCHEMA).await.expect("schema");
-    let sandbox = Sandbox::new(&config(&db));
+    let (sandbox, queue) = sandbox(&db, on, "");
     let mut server = sandbox.start();
     let http = Http::default();
     let locker = crate::pg::connect(&db.name).await;
@@ -226,5 +282,54 @@ async fn order_survives_a_kill_9_while_a_key_waits() {
     wait_until_applied(&db, 40).await;
     assert_in_order(&db, &sent).await;
     drop(server);
+    drop(queue);
+    db.drop_db().await;
+}
+
+/// One ingress and three worker processes on Kafka sharing a breaker
+/// through Redis: 1042's row is locked while every order gets its
+/// webhooks, and one worker is killed mid-way (its partitions move to the
+/// others, which read them again from the commit). Every order still
+/// runs in acceptance order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_kafka_a_fleet_of_three_workers_keeps_each_key_in_order() {
+    use crate::fleet::{one_fleet_at_a_time, shared_redis, start_node, unique_prefix};
+    let _one = one_fleet_at_a_time().await;
+    let db = ScratchDb::create().await;
+    db.client.batch_execute(SCHEMA).await.expect("schema");
+    let fleet = format!(
+        "\n[fleet]\nredis_url = \"{}\"\nprefix = \"{}\"\n",
+        shared_redis(),
+        unique_prefix()
+    );
+    let (sandbox, queue) = sandbox(&db, On::Kafka, &fleet);
+    let ingress = start_node(&sandbox, "ingress", "ingress", &[]);
+    let mut workers: Vec<Server> = (1..=3)
+        .map(|i| start_node(&sandbox, "worker", &format!("w{i}"), &[]))
+        .collect();
+    let http = Http::default();
+    let locker = crate::pg::connect(&db.name).await;
+    locker
+        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
+        .await
+        .expect("lock 1042");
+    let mut sent = BTreeMap::new();
+    for seq in 1..=24 {
+        if seq == 12 {
+            workers[0].kill9();
+        }
+        for order in [1042, 1, 2, 3, 4, 5, 6] {
+            send(&http, &ingress, order, seq).await;
+            sent.insert(order, seq);
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    locker.batch_execute("ROLLBACK").await.expect("unlock");
+    wait_until_applied(&db, 7 * 24).await;
+    assert_in_order(&db, &sent).await;
+    drop(workers);
+    drop(ingress);
+    drop(queue);
     db.drop_db().await;
 }

@@ -866,6 +866,13 @@ secrets = ["topsecret"]
         );
         let off = parse("[workers]\norder = \"none\"\n").expect("none on the log");
         assert_eq!(off.key_order(), KeyOrder::None);
+        let kafka = "[queue]\nbackend = \"kafka\"\nurl = \"127.0.0.1:9092\"\nname = \"q\"\n";
+        let kafka = parse(kafka).expect("kafka");
+        assert_eq!(
+            (kafka.key_order(), kafka.key_order_warning()),
+            (KeyOrder::Key, None),
+            "Kafka keeps key order"
+        );
     }
 
     #[test]
