@@ -241,9 +241,9 @@ async fn later_webhooks_wait_for_a_retry(on: On) {
     db.drop_db().await;
 }
 
-/// `kill -9` while a key's backlog waits behind its locked row: after a
-/// restart the store's lines are rebuilt and the backlog still runs in
-/// acceptance order.
+/// `kill -9` while a key's backlog waits behind its locked row (and
+/// another key's webhook is being retried): after a restart the store's
+/// lines are rebuilt and the backlogs still run in acceptance order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_survives_a_kill_9_while_a_key_waits() {
     order_survives_a_kill_9(On::Log).await;
@@ -259,6 +259,11 @@ async fn on_kafka_order_survives_a_kill_9_while_a_key_waits() {
 async fn order_survives_a_kill_9(on: On) {
     let db = ScratchDb::create().await;
     db.client.batch_execute(SCHEMA).await.expect("schema");
+    // And order 5's third webhook fails three times: its later ones wait.
+    db.client
+        .batch_execute("INSERT INTO flaky_target VALUES (5, 3, 3)")
+        .await
+        .expect("flaky");
     let (sandbox, queue) = sandbox(&db, on, "");
     let mut server = sandbox.start();
     let http = Http::default();
@@ -289,8 +294,9 @@ async fn order_survives_a_kill_9(on: On) {
 /// One ingress and three worker processes on Kafka sharing a breaker
 /// through Redis: 1042's row is locked while every order gets its
 /// webhooks, and one worker is killed mid-way (its partitions move to the
-/// others, which read them again from the commit). Every order still
-/// runs in acceptance order.
+/// others, which read them again from the commit), and one webhook of
+/// order 2 fails three times before it applies. Every order still runs in
+/// acceptance order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_kafka_a_fleet_of_three_workers_keeps_each_key_in_order() {
     use crate::fleet::{one_fleet_at_a_time, shared_redis, start_node, unique_prefix};
@@ -302,6 +308,11 @@ async fn on_kafka_a_fleet_of_three_workers_keeps_each_key_in_order() {
         shared_redis(),
         unique_prefix()
     );
+    // And order 2's fifth webhook fails three times: its later ones wait.
+    db.client
+        .batch_execute("INSERT INTO flaky_target VALUES (2, 5, 3)")
+        .await
+        .expect("flaky");
     let (sandbox, queue) = sandbox(&db, On::Kafka, &fleet);
     let ingress = start_node(&sandbox, "ingress", "ingress", &[]);
     let mut workers: Vec<Server> = (1..=3)
