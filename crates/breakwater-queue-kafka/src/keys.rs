@@ -190,7 +190,9 @@ mod tests {
     #[test]
     fn a_revoked_partition_s_records_are_forgotten_and_other_lines_go_on() {
         let mut lines = KeyLines::default();
-        lines.admit(record(OTHER, 1, Some("a"))).expect("head on OTHER");
+        lines
+            .admit(record(OTHER, 1, Some("a")))
+            .expect("head on OTHER");
         assert!(lines.admit(record(TP, 7, Some("a"))).is_none());
         assert!(lines.admit(record(OTHER, 2, Some("a"))).is_none());
         lines.admit(record(TP, 8, Some("b"))).expect("head on TP");

@@ -212,6 +212,17 @@ impl SinkError {
     pub fn is_lock_related(&self) -> bool {
         matches!(self.kind, "lock_timeout" | "deadlock" | "busy")
     }
+
+    /// The dependency could not be reached, or had no session to give:
+    /// whatever the message, it was not tried, so the failure is never
+    /// the message's own.
+    pub fn is_unreachable(&self) -> bool {
+        self.class == FailureClass::Dependency
+            && matches!(
+                self.kind,
+                "connection" | "pool_timeout" | "too_many_connections"
+            )
+    }
 }
 
 /// Statements configured for one source: SQL with `$name` parameters, and

@@ -370,7 +370,12 @@ impl Fleet {
     }
 }
 
-pub(crate) fn start_node(sandbox: &Sandbox, role: &str, node: &str, env: &[(&str, &str)]) -> Server {
+pub(crate) fn start_node(
+    sandbox: &Sandbox,
+    role: &str,
+    node: &str,
+    env: &[(&str, &str)],
+) -> Server {
     let mut env = env.to_vec();
     env.push(("BREAKWATER_FLEET_NODE_ID", node));
     Server::start_with_env(&sandbox.config_path(), role, &env)

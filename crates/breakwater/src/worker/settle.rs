@@ -70,9 +70,14 @@ pub enum Settle {
     Retry,
 }
 
-/// The settle decision. `dependency_trouble` (the database looks like the
-/// fault: [`breakwater_control::Breaker::dependency_trouble`]) is asked
-/// only when the message has used its attempts.
+/// The settle decision. A message that has used its attempts is
+/// dead-lettered as `exhausted` only when the fault may be its own: not
+/// when its last failure was the dependency out of reach (no connection,
+/// no pooled session: it was never tried), nor while `dependency_trouble`
+/// (the dependency looks like the fault:
+/// [`breakwater_control::Breaker::dependency_trouble`], asked only then)
+/// holds. Such a message is retried at the backoff's pace until the
+/// dependency is back.
 pub fn decide(
     result: &Result<Applied, SinkError>,
     facts: &SettleFacts,
@@ -111,7 +116,10 @@ pub fn decide(
             delay: Duration::ZERO,
             note: "the breaker opened meanwhile: back untried",
         }
-    } else if facts.attempts.saturating_add(1) >= facts.max_attempts && !dependency_trouble() {
+    } else if facts.attempts.saturating_add(1) >= facts.max_attempts
+        && !e.is_unreachable()
+        && !dependency_trouble()
+    {
         Settle::DeadLetter {
             class: "exhausted",
             note: "retries exhausted",
@@ -226,6 +234,28 @@ mod tests {
         ));
         assert_eq!(
             decide(&failed("statement_timeout"), &f, || true),
+            Settle::Retry
+        );
+    }
+
+    /// A database that flaps can refuse one message's every attempt while
+    /// the calls around them succeed (so no trouble shows): out of reach,
+    /// the message was never tried, and it is never `exhausted` for it.
+    #[test]
+    fn a_message_the_database_was_out_of_reach_for_is_never_exhausted() {
+        let f = SettleFacts {
+            attempts: 2,
+            ..facts()
+        };
+        for kind in ["connection", "pool_timeout", "too_many_connections"] {
+            assert_eq!(decide(&failed(kind), &f, || false), Settle::Retry, "{kind}");
+        }
+        let far_past = SettleFacts {
+            attempts: 1_000,
+            ..facts()
+        };
+        assert_eq!(
+            decide(&failed("connection"), &far_past, || false),
             Settle::Retry
         );
     }
