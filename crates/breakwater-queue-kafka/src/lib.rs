@@ -783,6 +783,11 @@ impl Queue for KafkaQueue {
         Ok(())
     }
 
+    /// Moves when the pump put fetched records in the claim buffer.
+    fn arrivals(&self) -> Option<breakwater_queue::Arrivals> {
+        Some(self.inner.shared.arrivals.subscribe())
+    }
+
     async fn enqueue(&self, mut message: NewMessage) -> Result<Enqueued, QueueError> {
         let meta = Meta::of(&mut message);
         let topic = &self.inner.shared.names.topic;

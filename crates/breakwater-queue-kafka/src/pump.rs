@@ -321,6 +321,9 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     /// A record came into the buffer.
     pub(crate) arrived: Notify,
+    /// Moves when records came into the buffer, for the workers'
+    /// dispatcher ([`breakwater_queue::Queue::arrivals`]).
+    pub(crate) arrivals: watch::Sender<u64>,
     /// A claim of this process was settled.
     pub(crate) settled: Notify,
     /// The flow generation the consumer's partitions follow.
@@ -336,6 +339,7 @@ impl Shared {
             names,
             state: Mutex::new(State::new(max_fetched, key_order)),
             arrived: Notify::new(),
+            arrivals: watch::channel(0).0,
             settled: Notify::new(),
             applied: watch::channel(0).0,
             fetched: AtomicU64::new(0),
@@ -513,6 +517,7 @@ pub(crate) fn run(
         shared.applied.send_replace(wanted);
         if arrived {
             shared.arrived.notify_waiters();
+            shared.arrivals.send_modify(|n| *n = n.wrapping_add(1));
         }
         if !commits.is_empty() {
             match consumer.commit(&shared.commit_tpl(&commits), CommitMode::Async) {

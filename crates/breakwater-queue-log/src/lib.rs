@@ -163,6 +163,7 @@ pub struct LogQueue {
     path: PathBuf,
     window: Arc<AtomicU32>,
     budget: ByteBudget,
+    arrivals: breakwater_queue::Arrivals,
 }
 
 impl std::fmt::Debug for LogQueue {
@@ -237,6 +238,7 @@ impl LogQueue {
             "queue log opened"
         );
         let reader = dlq::open(&dir).map_err(storage)?;
+        let arrivals = writer.arrivals();
         let (tx, rx) = mpsc::channel(config.max_pending.max(1));
         std::thread::Builder::new()
             .name("queue-writer".into())
@@ -253,6 +255,7 @@ impl LogQueue {
             path: dir,
             window: Arc::new(AtomicU32::new(UNBOUNDED)),
             budget: ByteBudget::new(config.max_pending_bytes),
+            arrivals,
         })
     }
 
@@ -422,6 +425,11 @@ impl Queue for LogQueue {
             push: false,
             stats: ALL_STATS,
         }
+    }
+
+    /// Moves after each group commit that made new messages durable.
+    fn arrivals(&self) -> Option<breakwater_queue::Arrivals> {
+        Some(self.arrivals.clone())
     }
 
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError> {

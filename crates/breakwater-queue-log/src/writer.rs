@@ -221,6 +221,9 @@ pub(crate) struct Writer {
     dlq_count: u64,
     dedup_file: DedupFile,
     next_prune: Instant,
+    /// Moves after each group that made new messages durable
+    /// ([`breakwater_queue::Queue::arrivals`]).
+    arrivals: tokio::sync::watch::Sender<u64>,
 }
 
 impl Writer {
@@ -356,6 +359,7 @@ impl Writer {
             dlq_count,
             dedup_file,
             next_prune: Instant::now() + PRUNE_EVERY,
+            arrivals: tokio::sync::watch::channel(0).0,
         };
         for (s, end) in written {
             let behind = writer.cache.wrote(s, end);
@@ -365,6 +369,11 @@ impl Writer {
         writer.progress.set(writer.group.start);
         writer.prepare_spare_when_due();
         Ok((writer, opened))
+    }
+
+    /// What moves when a group made new messages durable.
+    pub(crate) fn arrivals(&self) -> breakwater_queue::Arrivals {
+        self.arrivals.subscribe()
     }
 
     /// Runs until every sender is dropped.
@@ -1024,6 +1033,9 @@ impl Writer {
                     tracing::error!(error = %e, "replayed dead letters stay in the dead-letter store as well")
                 }
             }
+        }
+        if outcome.is_ok() && !group.inserted.is_empty() {
+            self.arrivals.send_modify(|n| *n = n.wrapping_add(1));
         }
         let written = outcome.as_ref().map(|_| ()).map_err(String::as_str);
         for reply in group.replies.drain(..) {

@@ -16,6 +16,9 @@
 //!   attempt, `release` does not (the message never ran): **attempts and
 //!   receives are different counts**. Where a broker keeps no attempt count,
 //!   the attempt travels with the message in the [`ATTEMPTS_HEADER`].
+//! - **Arrivals**: a backend that knows when messages became durable says
+//!   so ([`Queue::arrivals`]), and the workers, idle, claim at once rather
+//!   than at their next poll.
 //! - **Flow control**: [`Queue::set_flow`] follows the breaker's gate. Once
 //!   it returned [`Flow::Paused`], no claim hands out a message: a push
 //!   broker cancels its consumer and hands back what it had buffered
@@ -68,6 +71,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+/// What [`Queue::arrivals`] hands out: it changes when messages arrived.
+pub type Arrivals = tokio::sync::watch::Receiver<u64>;
+
 /// The operations the ingress, the workers and the operator need of a queue
 /// backend. Every method may be called from many tasks at once.
 #[async_trait]
@@ -96,6 +102,15 @@ pub trait Queue: Send + Sync + 'static {
 
     /// Makes a message durable; returns once it is.
     async fn enqueue(&self, message: NewMessage) -> Result<Enqueued, QueueError>;
+
+    /// A counter that moves whenever messages became claimable in this
+    /// process's view (an enqueue made durable), so idle workers claim at
+    /// once instead of at their next poll; `None` where the backend cannot
+    /// tell (the workers poll). A change may be spurious, and changes
+    /// between two looks are seen as one.
+    fn arrivals(&self) -> Option<Arrivals> {
+        None
+    }
 
     /// Claims up to `max` visible messages under a lease of `lease`. While
     /// paused ([`Flow::Paused`]) it hands out nothing.

@@ -294,6 +294,7 @@ impl Workers {
         }
         let (stop, stop_rx) = watch::channel(false);
         let dispatcher = Dispatcher {
+            arrivals: queue.arrivals(),
             queue,
             sink,
             controller,
@@ -340,6 +341,28 @@ struct Dispatcher {
     filters_keys: bool,
     /// Hot-key parks shared with the fleet, if any.
     shared_parks: Option<SharedParks>,
+    /// Moves when the queue made messages durable (where it can tell): an
+    /// idle dispatcher claims at once rather than at its next poll.
+    arrivals: Option<crate::queue::Arrivals>,
+}
+
+/// Until `arrivals` moves; for ever where there are none (or the queue
+/// is gone).
+async fn arrival(arrivals: &mut Option<crate::queue::Arrivals>) {
+    match arrivals {
+        Some(rx) if rx.changed().await.is_ok() => {}
+        _ => std::future::pending().await,
+    }
+}
+
+/// What may end a [`Dispatcher::wait`] besides an apply ending, a
+/// settlement, a transition, its timeout or stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WakeOn {
+    /// Messages arriving: there is room to start them.
+    Arrivals,
+    /// Nothing else: no room, or no claiming now.
+    Nothing,
 }
 
 impl Dispatcher {
@@ -361,7 +384,8 @@ impl Dispatcher {
             self.follow_gate(gate).await;
             if !gate.may_poll {
                 self.release_held(Duration::ZERO);
-                self.wait(&mut stop, Duration::from_millis(250)).await;
+                self.wait(&mut stop, Duration::from_millis(250), WakeOn::Nothing)
+                    .await;
                 continue;
             }
             // Held messages do not count: a hot key's held messages must not
@@ -378,7 +402,7 @@ impl Dispatcher {
                 free = limit.saturating_sub(self.running.len());
             }
             if free == 0 {
-                self.wait(&mut stop, IDLE_WAIT).await;
+                self.wait(&mut stop, IDLE_WAIT, WakeOn::Nothing).await;
                 continue;
             }
             let want = if gate.probe_only { 1 } else { free };
@@ -391,7 +415,7 @@ impl Dispatcher {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "claim failed");
-                    self.wait(&mut stop, ERROR_WAIT).await;
+                    self.wait(&mut stop, ERROR_WAIT, WakeOn::Nothing).await;
                     continue;
                 }
             };
@@ -411,8 +435,9 @@ impl Dispatcher {
             }
             if self.running.len() == started_before {
                 // Nothing could start (empty queue, or only held, parked or
-                // refused messages): do not spin.
-                self.wait(&mut stop, IDLE_WAIT).await;
+                // refused messages): do not spin; claim again when
+                // something arrives.
+                self.wait(&mut stop, IDLE_WAIT, WakeOn::Arrivals).await;
             }
         }
         self.shut_down().await;
@@ -811,10 +836,17 @@ impl Dispatcher {
     }
 
     /// Waits for an apply to end, a settlement to reach the queue, a
-    /// breaker transition, `timeout`, or stop.
-    async fn wait(&mut self, stop: &mut watch::Receiver<bool>, timeout: Duration) {
+    /// breaker transition, `timeout`, stop, or what `wake_on` adds.
+    async fn wait(
+        &mut self,
+        stop: &mut watch::Receiver<bool>,
+        timeout: Duration,
+        wake_on: WakeOn,
+    ) {
         let controller = Arc::clone(&self.controller);
+        let arrivals = &mut self.arrivals;
         tokio::select! {
+            () = arrival(arrivals), if wake_on == WakeOn::Arrivals => {}
             Some(joined) = self.running.join_next_with_id(), if !self.running.is_empty() => {
                 self.joined(joined);
             }
