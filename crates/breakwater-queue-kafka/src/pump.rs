@@ -135,7 +135,7 @@ impl State {
     }
 
     /// A record that may be handed out once its key lets it.
-    fn to_buffer(&mut self, p: Polled) {
+    fn buffer(&mut self, p: Polled) {
         let p = match self.lines.as_mut() {
             Some(lines) => lines.admit(p),
             None => Some(p),
@@ -162,7 +162,7 @@ impl State {
                 .insert((due, polled.offset), polled);
             self.dirty = true;
         } else {
-            self.to_buffer(polled);
+            self.buffer(polled);
         }
         true
     }
@@ -182,7 +182,7 @@ impl State {
         }
         let mut moved = !due.is_empty();
         for p in due {
-            self.to_buffer(p);
+            self.buffer(p);
         }
         while self
             .here

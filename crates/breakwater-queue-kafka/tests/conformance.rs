@@ -71,6 +71,10 @@ impl Harness for Kafka {
     fn keeps_key_order(&self) -> bool {
         true
     }
+
+    fn tells_arrivals(&self) -> bool {
+        true
+    }
 }
 
 breakwater_queue::conformance_tests!(Kafka::new());

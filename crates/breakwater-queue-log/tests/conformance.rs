@@ -43,6 +43,10 @@ impl Harness for Log {
     fn keeps_key_order(&self) -> bool {
         true
     }
+
+    fn tells_arrivals(&self) -> bool {
+        true
+    }
 }
 
 breakwater_queue::conformance_tests!(Log::new());

@@ -49,6 +49,12 @@ pub trait Harness: Send + Sync {
     fn keeps_key_order(&self) -> bool {
         false
     }
+
+    /// Whether the backend tells of arrivals ([`crate::Queue::arrivals`]):
+    /// [`arrivals_follow_enqueue`] checks it does, and that they move.
+    fn tells_arrivals(&self) -> bool {
+        false
+    }
 }
 
 /// Expands to one `#[tokio::test]` per check of the suite, each with a
@@ -62,7 +68,8 @@ macro_rules! conformance_tests {
             ack_removes, retry_delay_is_honoured, release_counts_no_attempt,
             dead_letter_keeps_reason, replay_puts_back, purge_deletes,
             pause_stops_delivery, probing_bounds_a_claim, stats_follow,
-            a_settled_receipt_is_refused, key_order_as_declared);
+            a_settled_receipt_is_refused, key_order_as_declared,
+            arrivals_follow_enqueue);
     };
     (@each $harness:expr; $($check:ident),* $(,)?) => {
         $(
@@ -575,4 +582,27 @@ pub async fn key_order_as_declared(h: &dyn Harness) {
         .expect("dead letter");
     let last = claim_one(q.as_ref(), LONG_LEASE).await;
     assert_eq!(last.message.event_id, "a3", "a dead letter frees its key");
+}
+
+/// A backend that tells of arrivals ([`crate::Queue::arrivals`]) moves
+/// them when an enqueue became claimable, so idle workers claim at once.
+/// (One that does not is only checked to say so: its workers poll.)
+pub async fn arrivals_follow_enqueue(h: &dyn Harness) {
+    let q = h.open().await;
+    let arrivals = q.arrivals();
+    assert_eq!(arrivals.is_some(), h.tells_arrivals(), "tells of arrivals");
+    let Some(mut arrivals) = arrivals else {
+        return;
+    };
+    // A consumer that starts at its first claim (Kafka's) starts now.
+    let none = q.claim(1, LONG_LEASE).await.expect("claim");
+    assert!(none.is_empty(), "nothing enqueued yet: {none:?}");
+    arrivals.borrow_and_update();
+    enqueue_new(q.as_ref(), "arrives").await;
+    tokio::time::timeout(PATIENCE, arrivals.changed())
+        .await
+        .expect("arrivals moved")
+        .expect("the queue is open");
+    let d = claim_one(q.as_ref(), LONG_LEASE).await;
+    assert_eq!(d.message.event_id, "arrives");
 }

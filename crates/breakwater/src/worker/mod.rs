@@ -349,9 +349,12 @@ struct Dispatcher {
 /// Until `arrivals` moves; for ever where there are none (or the queue
 /// is gone).
 async fn arrival(arrivals: &mut Option<crate::queue::Arrivals>) {
-    match arrivals {
-        Some(rx) if rx.changed().await.is_ok() => {}
-        _ => std::future::pending().await,
+    let moved = match arrivals {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => false,
+    };
+    if !moved {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -837,12 +840,7 @@ impl Dispatcher {
 
     /// Waits for an apply to end, a settlement to reach the queue, a
     /// breaker transition, `timeout`, stop, or what `wake_on` adds.
-    async fn wait(
-        &mut self,
-        stop: &mut watch::Receiver<bool>,
-        timeout: Duration,
-        wake_on: WakeOn,
-    ) {
+    async fn wait(&mut self, stop: &mut watch::Receiver<bool>, timeout: Duration, wake_on: WakeOn) {
         let controller = Arc::clone(&self.controller);
         let arrivals = &mut self.arrivals;
         tokio::select! {
