@@ -185,6 +185,9 @@ pub struct DlqList {
     pub scanned: Option<usize>,
 }
 
+/// Most earlier dead letters of its key an [`EventStory`] names.
+pub const EARLIER_DEAD_LETTERS_SHOWN: usize = 5;
+
 /// `GET /events/{source}/{event_id}`: one webhook's story, from what the
 /// sink's inbox, the DLQ and this node's attempt history know of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -204,6 +207,12 @@ pub struct EventStory {
     /// Its dead letter (without the body: `GET /dlq/{id}` has it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// Dead letters of the same source and entity key received before it,
+    /// newest first (at most [`EARLIER_DEAD_LETTERS_SHOWN`], without
+    /// bodies): with key order its key's later events did not wait for
+    /// them, so it may have been applied over a state they never set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier_dead_letters: Vec<DeadLetter>,
     /// Every attempt this node made, oldest first (the latest
     /// [`EventStory::attempts_dropped`] past the cap are kept).
     pub attempts: Vec<AttemptRecord>,

@@ -81,6 +81,14 @@ fn print_story(story: &EventStory) -> anyhow::Result<()> {
         );
         outln!("             {}", d.error);
     }
+    for d in &story.earlier_dead_letters {
+        outln!(
+            "earlier      {} of its key dead-lettered ({}), DLQ id {}: the key went on without it",
+            d.event_id,
+            d.class,
+            d.id
+        );
+    }
     outln!(
         "attempts     on {} (it remembers {} of at most {} events)",
         story.history.node,

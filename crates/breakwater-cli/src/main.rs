@@ -309,6 +309,9 @@ struct DlqListArgs {
     /// Only this event id's.
     #[arg(long)]
     event_id: Option<String>,
+    /// Only this entity key's.
+    #[arg(long)]
+    entity_key: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -320,6 +323,7 @@ impl DlqListArgs {
             source: self.source.clone(),
             class: self.class.clone(),
             event_id: self.event_id.clone(),
+            entity_key: self.entity_key.clone(),
         }
     }
 
@@ -331,6 +335,7 @@ impl DlqListArgs {
             ("source", &self.source),
             ("class", &self.class),
             ("event_id", &self.event_id),
+            ("entity_key", &self.entity_key),
         ] {
             if let Some(v) = value {
                 path.push_str(&format!("&{key}={}", urlencode(v)));

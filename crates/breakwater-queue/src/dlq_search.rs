@@ -20,12 +20,17 @@ pub struct DlqFilter {
     pub class: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub event_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entity_key: Option<String>,
 }
 
 impl DlqFilter {
     /// Keeps every dead letter.
     pub fn is_empty(&self) -> bool {
-        self.source.is_none() && self.class.is_none() && self.event_id.is_none()
+        self.source.is_none()
+            && self.class.is_none()
+            && self.event_id.is_none()
+            && self.entity_key.is_none()
     }
 
     pub fn matches(&self, d: &DeadLetter) -> bool {
@@ -33,6 +38,10 @@ impl DlqFilter {
         same(&self.source, &d.source)
             && same(&self.class, &d.class)
             && same(&self.event_id, &d.event_id)
+            && self
+                .entity_key
+                .as_deref()
+                .is_none_or(|w| d.entity_key.as_deref() == Some(w))
     }
 }
 
@@ -225,6 +234,7 @@ mod tests {
             source: Some("stripe".to_owned()),
             class: Some("exhausted".to_owned()),
             event_id: None,
+            entity_key: None,
         };
         let found = search(&all, &filter, &DlqPage::first(100), 10_000).await;
         assert!(found.items.is_empty(), "no stripe letter is exhausted");

@@ -182,6 +182,35 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     assert_eq!(dead["attempts"][0]["kind"], "constraint");
     assert!(dead.get("applied").is_none());
 
+    // Order 2's next webhook went on without the dead-lettered one, and
+    // its story names it.
+    send(&http, &server, "evt_after_poison", 2, "shipped").await;
+    let after = story_when(&http, &server, "evt_after_poison", |s| {
+        s["state"] == "applied"
+    })
+    .await;
+    let earlier = after["earlier_dead_letters"].as_array().expect("named");
+    assert_eq!(earlier.len(), 1, "{after:#}");
+    assert_eq!(earlier[0]["event_id"], "evt_poison");
+    assert!(earlier[0].get("body").is_none(), "no body: {after:#}");
+    assert!(
+        after["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("dead-lettered (evt_poison)")),
+        "{after:#}"
+    );
+    let applied_before = story(&http, &server, "evt_applied").await;
+    assert!(
+        applied_before.get("earlier_dead_letters").is_none(),
+        "order 1 had none: {applied_before:#}"
+    );
+    let out = events_show(&server, "evt_after_poison", false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("earlier      evt_poison of its key dead-lettered (permanent)"),
+        "{text}"
+    );
+
     // The CLI, from "another host": the same stories, in words and JSON,
     // and an exit code that says which ones need a look.
     let out = events_show(&server, "evt_retried", false);
@@ -219,6 +248,8 @@ async fn events_show_tells_an_applied_a_retried_and_a_dead_lettered_event() {
     assert_eq!(count("/dlq?source=github").await, 0);
     assert_eq!(count("/dlq?source=stripe&event_id=evt_poison").await, 1);
     assert_eq!(count("/dlq?event_id=evt_applied").await, 0);
+    assert_eq!(count("/dlq?entity_key=2").await, 1);
+    assert_eq!(count("/dlq?entity_key=1").await, 0);
     let admin = server.admin.to_string();
     let out = breakwater(&[
         "dlq",

@@ -260,7 +260,7 @@ struct DlqQuery {
     /// The id of the last dead letter of the previous page.
     after: Option<String>,
     /// Only this source's, this class's (`permanent`, `exhausted`), this
-    /// event id's.
+    /// event id's, this entity key's.
     #[serde(flatten)]
     filter: DlqFilter,
 }

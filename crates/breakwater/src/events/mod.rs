@@ -1,7 +1,9 @@
 //! One webhook's story, for `GET /events/{source}/{event_id}` and
 //! `breakwater events show`: what the sink's inbox holds (applied, when;
 //! superseded, by which newer event),
-//! whether it sits in the DLQ (with its reason), and what this node's
+//! whether it sits in the DLQ (with its reason), which earlier events of
+//! its entity key were dead-lettered (its key's later events, this one
+//! among them, went on without them), and what this node's
 //! workers did with it lately ([`journal`]: each attempt with its time,
 //! class and error). The first two are durable and fleet-wide; the
 //! attempts are this node's memory.
@@ -11,7 +13,9 @@
 
 pub mod journal;
 
-use breakwater_admin_api::{AppliedRecord, DeadLetter, EventState, EventStory, HistoryScope};
+use breakwater_admin_api::{
+    AppliedRecord, DeadLetter, EARLIER_DEAD_LETTERS_SHOWN, EventState, EventStory, HistoryScope,
+};
 use breakwater_sink::{InboxLookup, Sink};
 
 use crate::queue::{DlqFilter, DlqPage, Queue, dlq_search};
@@ -26,6 +30,9 @@ pub struct Found {
     /// `None` where no sink was asked (a node without workers).
     pub inbox: Option<InboxLookup>,
     pub dead_letter: Option<DeadLetter>,
+    /// Dead letters of its source and entity key received at or before
+    /// it (itself apart), in any order.
+    pub earlier_dead_letters: Vec<DeadLetter>,
     pub attempts: Option<Attempts>,
     pub destination: Option<String>,
     pub lookup_errors: Vec<String>,
@@ -54,7 +61,7 @@ pub async fn look_up(
     let filter = DlqFilter {
         source: Some(source.to_owned()),
         event_id: Some(event_id.to_owned()),
-        class: None,
+        ..DlqFilter::default()
     };
     let first = DlqPage::first(1);
     let dlq = dlq_search(queue, &filter, &first, DLQ_SCAN_MAX);
@@ -79,7 +86,39 @@ pub async fn look_up(
             .lookup_errors
             .push(format!("the DLQ could not be read: {e}")),
     }
+    if let Some((key, received_at_ms)) = key_and_arrival(&found) {
+        let filter = DlqFilter {
+            source: Some(source.to_owned()),
+            entity_key: Some(key),
+            ..DlqFilter::default()
+        };
+        match dlq_search(queue, &filter, &DlqPage::first(DLQ_PAGE), DLQ_SCAN_MAX).await {
+            Ok(page) => {
+                found.earlier_dead_letters = page
+                    .items
+                    .into_iter()
+                    .filter(|d| d.event_id != event_id && d.received_at_ms <= received_at_ms)
+                    .collect();
+            }
+            Err(e) => found.lookup_errors.push(format!(
+                "the DLQ could not be read for its key's earlier events: {e}"
+            )),
+        }
+    }
     tell(source, event_id, found, journal)
+}
+
+/// Dead letters of one key one lookup reads at most.
+const DLQ_PAGE: usize = 1_000;
+
+/// The event's entity key and when it was received, where its inbox row
+/// or its dead letter tells them.
+fn key_and_arrival(found: &Found) -> Option<(String, i64)> {
+    if let Some(InboxLookup::Found(r)) = &found.inbox {
+        return Some((r.entity_key.clone()?, r.received_at_ms));
+    }
+    let d = found.dead_letter.as_ref()?;
+    Some((d.entity_key.clone()?, d.received_at_ms))
 }
 
 /// The story of one event from what [`look_up`] found.
@@ -87,6 +126,7 @@ pub fn tell(source: &str, event_id: &str, found: Found, journal: &EventJournal) 
     let Found {
         inbox,
         dead_letter,
+        mut earlier_dead_letters,
         attempts,
         destination,
         lookup_errors,
@@ -152,6 +192,27 @@ pub fn tell(source: &str, event_id: &str, found: Found, journal: &EventJournal) 
             ),
         )
     };
+    earlier_dead_letters.sort_by(|a, b| (b.received_at_ms, &b.id).cmp(&(a.received_at_ms, &a.id)));
+    let earlier_count = earlier_dead_letters.len();
+    earlier_dead_letters.truncate(EARLIER_DEAD_LETTERS_SHOWN);
+    let detail = if earlier_count == 0 {
+        detail
+    } else {
+        let ids: Vec<&str> = earlier_dead_letters
+            .iter()
+            .map(|d| d.event_id.as_str())
+            .collect();
+        format!(
+            "{detail}; {earlier_count} earlier event(s) of its entity key were dead-lettered \
+             ({}{}): the key's later events went on without them",
+            ids.join(", "),
+            if earlier_count > ids.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        )
+    };
     EventStory {
         source: source.to_owned(),
         event_id: event_id.to_owned(),
@@ -160,6 +221,10 @@ pub fn tell(source: &str, event_id: &str, found: Found, journal: &EventJournal) 
         destination,
         applied,
         dead_letter: dead_letter.map(|d| DeadLetter { body: None, ..d }),
+        earlier_dead_letters: earlier_dead_letters
+            .into_iter()
+            .map(|d| DeadLetter { body: None, ..d })
+            .collect(),
         attempts: kept.into(),
         attempts_dropped: dropped,
         history: HistoryScope {
@@ -273,6 +338,55 @@ mod tests {
             story.detail
         );
         assert_eq!(story.dead_letter.and_then(|d| d.body), None);
+    }
+
+    fn dead_letter(id: &str, event_id: &str, received_at_ms: i64) -> DeadLetter {
+        DeadLetter {
+            id: id.into(),
+            source: "stripe".into(),
+            event_id: event_id.into(),
+            entity_key: Some("order-1".into()),
+            attempts: 1,
+            replays: 0,
+            class: "permanent".into(),
+            error: "constraint".into(),
+            received_at_ms,
+            dead_at_ms: received_at_ms + 1,
+            body: Some("{}".into()),
+        }
+    }
+
+    #[test]
+    fn earlier_dead_letters_of_its_key_are_named_newest_first_without_bodies() {
+        let j = EventJournal::off();
+        let found = Found {
+            inbox: Some(InboxLookup::Found(InboxRecord {
+                received_at_ms: 50,
+                applied_at_ms: Some(60),
+                entity_key: Some("order-1".into()),
+                superseded_by: None,
+            })),
+            earlier_dead_letters: (1..=7)
+                .map(|i| dead_letter(&i.to_string(), &format!("evt_{i}"), i * 5))
+                .collect(),
+            ..Found::default()
+        };
+        let story = tell("stripe", "evt_9", found, &j);
+        assert_eq!(story.state, EventState::Applied);
+        let ids: Vec<&str> = story
+            .earlier_dead_letters
+            .iter()
+            .map(|d| d.event_id.as_str())
+            .collect();
+        assert_eq!(ids, ["evt_7", "evt_6", "evt_5", "evt_4", "evt_3"]);
+        assert!(story.earlier_dead_letters.iter().all(|d| d.body.is_none()));
+        assert!(
+            story
+                .detail
+                .contains("7 earlier event(s) of its entity key were dead-lettered (evt_7, "),
+            "{}",
+            story.detail
+        );
     }
 
     #[test]
