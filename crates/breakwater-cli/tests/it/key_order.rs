@@ -171,11 +171,7 @@ async fn a_locked_rows_webhooks_run_in_order(on: On) {
     let server = sandbox.start();
     let http = Http::default();
 
-    let locker = crate::pg::connect(&db.name).await;
-    locker
-        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
-        .await
-        .expect("lock 1042");
+    let locker = db.lock_order(1042).await;
     let mut sent = BTreeMap::new();
     for seq in 1..=30 {
         for order in [1042, 1, 2, 3] {
@@ -267,11 +263,7 @@ async fn order_survives_a_kill_9(on: On) {
     let (sandbox, queue) = sandbox(&db, on, "");
     let mut server = sandbox.start();
     let http = Http::default();
-    let locker = crate::pg::connect(&db.name).await;
-    locker
-        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
-        .await
-        .expect("lock 1042");
+    let locker = db.lock_order(1042).await;
     let mut sent = BTreeMap::new();
     for seq in 1..=20 {
         for order in [1042, 5] {
@@ -319,11 +311,7 @@ async fn on_kafka_a_fleet_of_three_workers_keeps_each_key_in_order() {
         .map(|i| start_node(&sandbox, "worker", &format!("w{i}"), &[]))
         .collect();
     let http = Http::default();
-    let locker = crate::pg::connect(&db.name).await;
-    locker
-        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
-        .await
-        .expect("lock 1042");
+    let locker = db.lock_order(1042).await;
     let mut sent = BTreeMap::new();
     for seq in 1..=24 {
         if seq == 12 {

@@ -43,6 +43,19 @@ pub struct ScratchDb {
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 impl ScratchDb {
+    /// A session of its own holding order `id`'s row (`SELECT ... FOR
+    /// UPDATE` in an open transaction) until it runs `ROLLBACK` or drops.
+    pub async fn lock_order(&self, id: i64) -> Client {
+        let locker = connect(&self.name).await;
+        locker
+            .batch_execute(&format!(
+                "BEGIN; SELECT * FROM orders WHERE id = {id} FOR UPDATE;"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("lock order {id}: {e}"));
+        locker
+    }
+
     /// Creates `bw_it_<pid>_<n>` and connects to it.
     pub async fn create() -> Self {
         let name = format!(

@@ -149,11 +149,7 @@ async fn hot_row_is_parked_while_unrelated_orders_flow() {
     let (db, _sandbox, server, http) = orders_server("").await;
 
     // Another session holds order 1042's row lock.
-    let locker = crate::pg::connect(&db.name).await;
-    locker
-        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
-        .await
-        .expect("lock 1042");
+    let locker = db.lock_order(1042).await;
     let locked_at = Instant::now();
 
     // 200 webhooks: 30% for the hot row, the rest for 50 other orders.
@@ -391,11 +387,7 @@ async fn sigterm_finishes_or_releases_in_flight_work_and_exits() {
     let mut server = sandbox.start();
     let http = Http::default();
     // Order 1042 is locked: its message sits in an apply, waiting on the lock.
-    let locker = crate::pg::connect(&db.name).await;
-    locker
-        .batch_execute("BEGIN; SELECT * FROM orders WHERE id = 1042 FOR UPDATE;")
-        .await
-        .expect("lock 1042");
+    let locker = db.lock_order(1042).await;
     send(&http, &server, "evt_term_hot", 1042, "paid").await;
     for i in 0..5 {
         send(&http, &server, &format!("evt_term_{i}"), 1 + i, "paid").await;
