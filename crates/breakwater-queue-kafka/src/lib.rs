@@ -77,7 +77,8 @@ pub use self::names::Names;
 use self::names::TopicIx;
 use self::pump::{Claimed, Polled, PumpContext, Shared};
 
-/// Longest a claim waits for a record when none is fetched.
+/// Longest a claim waits for a record when none is fetched and this
+/// process has no claim out.
 const CLAIM_WAIT: Duration = Duration::from_millis(20);
 /// How long a dead-letter count read for the stats is used.
 const DLQ_COUNT_TTL: Duration = Duration::from_secs(5);
@@ -822,7 +823,13 @@ impl Queue for KafkaQueue {
                     self.inner.dead_letter_foreign(p, &why).await;
                 }
             }
-            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+            // A caller with claims out (applies running) returns to them
+            // at once: it comes back when one is settled or when records
+            // arrive (`arrivals`), and waiting here would hold up reaping
+            // its finished applies (a held key's backlog drained at one
+            // message per wait).
+            let busy = !self.inner.shared.state().outstanding.is_empty();
+            if !got.is_empty() || busy || tokio::time::Instant::now() >= deadline {
                 return Ok(got);
             }
             // Wait for a record, or for a claim of this process to be

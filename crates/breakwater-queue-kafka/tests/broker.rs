@@ -88,6 +88,16 @@ fn message(event_id: &str, key: &str) -> NewMessage {
 
 const LEASE: Duration = Duration::from_secs(60);
 
+/// One claim of up to `n`; when it brings nothing, a short pause before
+/// the caller's next (a claim does not wait while claims are out).
+async fn claim_some(q: &KafkaQueue, n: usize) -> Vec<breakwater_queue::Delivery> {
+    let got = q.claim(n, LEASE).await.expect("claim");
+    if got.is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    got
+}
+
 /// Claims until `n` came back, within 15 s; returns their event ids.
 async fn claim_n(q: &KafkaQueue, n: usize, ack: bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -98,7 +108,7 @@ async fn claim_n(q: &KafkaQueue, n: usize, ack: bool) -> Vec<String> {
             "claimed {} of {n}: {got:?}",
             got.len()
         );
-        for d in q.claim(n - got.len(), LEASE).await.expect("claim") {
+        for d in claim_some(q, n - got.len()).await {
             if ack {
                 q.ack(&d.receipt).await.expect("ack");
             }
@@ -237,7 +247,7 @@ async fn a_rebalance_while_paused_does_not_resume_the_flow() {
     while got.len() < 12 {
         assert!(Instant::now() < deadline, "got {got:?}");
         for q in [&first, &second] {
-            for d in q.claim(12, LEASE).await.expect("claim") {
+            for d in claim_some(q, 12).await {
                 q.ack(&d.receipt).await.expect("ack");
                 got.insert(d.message.event_id);
             }
@@ -268,7 +278,7 @@ async fn a_commit_never_passes_an_unfinished_record() {
         let deadline = Instant::now() + Duration::from_secs(15);
         while held.len() < 5 {
             assert!(Instant::now() < deadline);
-            held.extend(q.claim(5, LEASE).await.expect("claim"));
+            held.extend(claim_some(&q, 5).await);
         }
         for d in &held {
             if d.message.event_id != "e0" {
@@ -347,7 +357,7 @@ async fn an_enqueue_succeeds_only_once_the_broker_acknowledged() {
             "missing {:?}",
             acknowledged.difference(&got).collect::<Vec<_>>()
         );
-        for d in q.claim(16, LEASE).await.expect("claim") {
+        for d in claim_some(&q, 16).await {
             q.ack(&d.receipt).await.expect("ack");
             got.insert(d.message.event_id);
         }
@@ -372,7 +382,7 @@ async fn dead_letters_written_together_are_all_listed() {
     let mut held = Vec::new();
     while held.len() < 5 {
         assert!(Instant::now() < deadline, "claimed {}", held.len());
-        held.extend(q.claim(5, LEASE).await.expect("claim"));
+        held.extend(claim_some(&q, 5).await);
     }
     let reason = breakwater_queue::DeadLetterReason {
         class: "permanent".into(),
