@@ -16,12 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::gate::Tp;
-use crate::pump::Polled;
-
-/// The entity key of a record, when it has one.
-pub(crate) fn key_of(p: &Polled) -> Option<&str> {
-    p.read.as_ref().ok()?.meta.entity_key.as_deref()
-}
+use crate::polled::Polled;
 
 /// The key lines of one process.
 #[derive(Debug, Default)]
@@ -39,7 +34,7 @@ impl KeyLines {
     /// (its key has no head here, which it now is; or it has no key), or
     /// kept behind its key's head.
     pub(crate) fn admit(&mut self, p: Polled) -> Option<Polled> {
-        let Some(key) = key_of(&p) else {
+        let Some(key) = p.entity_key() else {
             return Some(p);
         };
         if self.heads.contains_key(key) {
@@ -55,7 +50,7 @@ impl KeyLines {
     /// its key's head, the next record of the key, its new head, for the
     /// buffer.
     pub(crate) fn finish(&mut self, p: &Polled) -> Option<Polled> {
-        let key = key_of(p)?;
+        let key = p.entity_key()?;
         if self.heads.get(key) != Some(&(p.tp, p.offset)) {
             return None;
         }

@@ -48,6 +48,7 @@ mod gate;
 mod keys;
 mod names;
 mod offsets;
+mod polled;
 mod pump;
 #[cfg(feature = "tansu")]
 pub mod tansu;
@@ -75,7 +76,8 @@ pub use self::config::KafkaConfig;
 use self::gate::Tp;
 pub use self::names::Names;
 use self::names::TopicIx;
-use self::pump::{Claimed, Polled, PumpContext, Shared};
+use self::polled::Polled;
+use self::pump::{Claimed, PumpContext, Shared};
 
 /// Longest a claim waits for a record when none is fetched and this
 /// process has no claim out.

@@ -37,7 +37,8 @@ use crate::gate::{Gate, TIER_HOLD, Tp};
 use crate::keys::KeyLines;
 use crate::names::Names;
 use crate::offsets::PartitionOffsets;
-use crate::wire::{self, Foreign, Read};
+use crate::polled::Polled;
+use crate::wire::{self, Foreign};
 
 /// Longest one poll waits for a record.
 const POLL_WAIT: Duration = Duration::from_millis(10);
@@ -48,22 +49,6 @@ const POLL_BATCH: usize = 256;
 /// does not pause the partitions (and the other keys on them) until it is
 /// this many windows long.
 const BEHIND_SHARE: usize = 16;
-
-/// A record taken from the consumer.
-#[derive(Debug, Clone)]
-pub(crate) struct Polled {
-    pub(crate) tp: Tp,
-    pub(crate) offset: i64,
-    pub(crate) read: Result<Read, Foreign>,
-    pub(crate) body: Bytes,
-    pub(crate) timestamp_ms: Option<i64>,
-}
-
-impl Polled {
-    fn due_at_ms(&self) -> i64 {
-        self.read.as_ref().map_or(0, |r| r.not_before_ms)
-    }
-}
 
 /// What a process holds of one partition and has not handed out, for the
 /// stats.
@@ -221,7 +206,7 @@ impl State {
     /// release rather than on a retry tier: it has a key, whose later
     /// records must wait for it.
     pub(crate) fn holds_here(&self, p: &Polled) -> bool {
-        self.lines.is_some() && crate::keys::key_of(p).is_some()
+        self.lines.is_some() && p.entity_key().is_some()
     }
 
     /// What this process holds of `tp`, not claimed.
