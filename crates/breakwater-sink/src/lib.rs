@@ -43,6 +43,7 @@ use async_trait::async_trait;
 pub mod codes;
 mod forward;
 mod inbox;
+mod param;
 mod postgres;
 mod routed;
 mod settings;

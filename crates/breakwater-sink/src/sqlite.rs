@@ -63,8 +63,9 @@ use rusqlite::{Connection, ErrorCode};
 use serde_json::Value;
 use tokio::sync::{Mutex, OwnedMutexGuard, oneshot};
 
+use crate::param::ParamValue;
 use crate::settings::SinkSettings;
-use crate::statement::{Bound, Compiled, ParamValue, bind};
+use crate::statement::{Bound, Compiled, bind};
 use crate::{
     Applied, Event, FailureClass, InboxLookup, InboxRecord, Sink, SinkError, SinkSetupError,
 };

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
+use crate::param::{ParamSource, ParamValue, header, parse_body};
 use crate::version::VersionSpec;
 use crate::{Event, SinkError, SinkSetupError, StatementSpec};
 
@@ -25,61 +26,6 @@ pub(crate) enum Dialect {
     Postgres,
     /// `?1`, `?2`, ...
     Sqlite,
-}
-
-/// Where a parameter's value comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ParamSource {
-    /// `$entity`: the event's entity key.
-    Entity,
-    /// `$event_id`.
-    EventId,
-    /// `$source`: the source name.
-    Source,
-    /// `$payload`: the whole body as JSON.
-    Payload,
-    /// `$version`: the event's version, normalised (`crate::version`);
-    /// `NULL` when it carries none.
-    Version,
-    /// `json:/pointer` into the body.
-    Json(String),
-    /// `header:Name`, looked up case-insensitively.
-    Header(String),
-}
-
-impl ParamSource {
-    /// Parses a `params` entry: `json:/pointer` or `header:Name`.
-    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
-        if let Some(pointer) = spec.strip_prefix("json:") {
-            if !pointer.is_empty() && !pointer.starts_with('/') {
-                return Err(format!(
-                    "\"{spec}\": a JSON pointer is empty or starts with '/' (json:/data/id)"
-                ));
-            }
-            Ok(Self::Json(pointer.to_owned()))
-        } else if let Some(name) = spec.strip_prefix("header:") {
-            let name = name.trim();
-            if name.is_empty() {
-                return Err(format!("\"{spec}\": the header name is empty"));
-            }
-            Ok(Self::Header(name.to_owned()))
-        } else {
-            Err(format!(
-                "\"{spec}\": a parameter's value is \"json:/pointer\" or \"header:Name\""
-            ))
-        }
-    }
-
-    fn builtin(name: &str) -> Option<Self> {
-        match name {
-            "entity" => Some(Self::Entity),
-            "event_id" => Some(Self::EventId),
-            "source" => Some(Self::Source),
-            "payload" => Some(Self::Payload),
-            "version" => Some(Self::Version),
-            _ => None,
-        }
-    }
 }
 
 /// One named parameter, in placeholder order (`$1` is `params[0]`).
@@ -402,58 +348,12 @@ fn skip_dollar_quoted(bytes: &[u8], start: usize, body: usize) -> Option<usize> 
         .map(|p| body + p + tag.len())
 }
 
-/// A parameter's value for one event, before the backend converts it to
-/// the type the database expects.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum ParamValue {
-    /// JSON `null` at the pointer: binds SQL `NULL`.
-    Null,
-    /// A JSON string, a header, the entity key, the event id, the source.
-    Text(String),
-    /// A JSON number, boolean, object or array; or `$payload`.
-    Json(Value),
-}
-
-impl ParamValue {
-    /// The value as text: strings as they are, other JSON as JSON text.
-    pub(crate) fn to_text(&self) -> Option<String> {
-        match self {
-            Self::Null => None,
-            Self::Text(s) => Some(s.clone()),
-            Self::Json(Value::String(s)) => Some(s.clone()),
-            Self::Json(v) => Some(v.to_string()),
-        }
-    }
-
-    /// The value as JSON: text becomes a JSON string.
-    pub(crate) fn to_json(&self) -> Value {
-        match self {
-            Self::Null => Value::Null,
-            Self::Text(s) => Value::String(s.clone()),
-            Self::Json(v) => v.clone(),
-        }
-    }
-}
-
-/// Parses the body as JSON, if it is JSON.
-pub(crate) fn parse_body(body: &[u8]) -> Option<Value> {
-    serde_json::from_slice(body).ok()
-}
-
 /// A body that is not JSON as the inbox keeps it: a JSON string of its
 /// text (invalid UTF-8 replaced), so a non-JSON payload is never stored as
 /// NULL.
 pub(crate) fn body_as_json_string(body: &[u8]) -> Value {
     // A NUL byte would come out as `\u0000`, which jsonb refuses.
     Value::String(String::from_utf8_lossy(body).replace('\0', "\u{FFFD}"))
-}
-
-/// Looks a header up case-insensitively; the first one wins.
-pub(crate) fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
 }
 
 fn missing(name: &str, what: String) -> SinkError {

@@ -19,7 +19,7 @@
 
 use serde_json::Value;
 
-use crate::statement::{ParamSource, ParamValue, header, parse_body};
+use crate::param::{ParamSource, ParamValue, header, parse_body};
 use crate::{Event, SinkError};
 
 /// Where a source's events carry their version.

@@ -47,8 +47,9 @@ use tokio_postgres::{Config, NoTls};
 
 use self::classify::{classify, classify_pool};
 use self::values::bind_param;
+use crate::param::ParamValue;
 use crate::settings::{LockWaitersScope, SinkSettings, millis};
-use crate::statement::{Bound, Compiled, CompiledStatement, ParamValue, bind};
+use crate::statement::{Bound, Compiled, CompiledStatement, bind};
 use crate::{
     Applied, Event, FailureClass, InboxLookup, InboxRecord, LockSnapshot, Sink, SinkError,
     SinkSetupError,

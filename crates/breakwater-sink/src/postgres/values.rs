@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio_postgres::types::{IsNull, Kind, ToSql, Type, to_sql_checked};
 
 use crate::SinkError;
-use crate::statement::ParamValue;
+use crate::param::ParamValue;
 
 /// A parameter converted to the type PostgreSQL inferred for it.
 #[derive(Debug)]
