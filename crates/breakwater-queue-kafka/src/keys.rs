@@ -99,13 +99,9 @@ impl KeyLines {
         self.behind_len
     }
 
-    /// Of the records waiting behind a head, how many are of `tp`.
-    pub(crate) fn behind_of(&self, tp: Tp) -> usize {
-        self.behind
-            .values()
-            .flat_map(|line| line.iter())
-            .filter(|p| p.tp == tp)
-            .count()
+    /// The records waiting behind a head, every key's.
+    pub(crate) fn behind(&self) -> impl Iterator<Item = &Polled> {
+        self.behind.values().flat_map(|line| line.iter())
     }
 }
 
@@ -192,7 +188,7 @@ mod tests {
         assert!(lines.admit(record(OTHER, 2, Some("a"))).is_none());
         lines.admit(record(TP, 8, Some("b"))).expect("head on TP");
         assert!(lines.admit(record(OTHER, 3, Some("b"))).is_none());
-        assert_eq!(lines.behind_of(OTHER), 2);
+        assert_eq!(lines.behind().filter(|p| p.tp == OTHER).count(), 2);
         let heads = lines.revoke(&[OTHER]);
         assert_eq!(heads.iter().map(|p| p.offset).collect::<Vec<_>>(), [7]);
         assert_eq!(lines.behind_len(), 0);

@@ -452,9 +452,10 @@ impl Inner {
         if !st.holds_here(&c.polled) {
             return Ok(false);
         }
-        let Some(mut c) = st.outstanding.remove(&token.claim) else {
-            return Err(lease_lost(token));
-        };
+        let mut c = st
+            .outstanding
+            .remove(&token.claim)
+            .ok_or_else(|| lease_lost(token))?;
         if let Ok(read) = c.polled.read.as_mut() {
             change(read);
         }
@@ -961,8 +962,9 @@ impl Queue for KafkaQueue {
         let dead = self.dlq_count().await?;
         let st = self.inner.shared.state();
         let (mut visible, mut delayed) = (0u64, 0u64);
+        let held_by_partition = st.held_by_partition();
         for (tp, high, committed) in lags {
-            let held = st.held_of(tp);
+            let held = held_by_partition.get(&tp).copied().unwrap_or_default();
             // Here: what is fetched and not claimed, and what is not
             // fetched yet; elsewhere: everything past the commit.
             let (held, unread) = match st.offsets.get(&tp).and_then(|o| o.next()) {
